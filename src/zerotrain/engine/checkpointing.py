@@ -1,0 +1,112 @@
+"""Engine checkpoints: what each rank writes and reads, on top of checkpoint.store.
+
+    <save_dir>/<tag>/model_states.pt   rank 0: module weights, counters, schedule, scaler,
+                                        feature states, client_state
+    <save_dir>/<tag>/optim_rank<r>.pt  the optimizer and strategy state of rank r (stage 0:
+                                        rank 0 only, since every rank holds the same)
+    <save_dir>/<tag>/rng_rank<r>.pt    python / numpy / torch RNG states of rank r
+    <save_dir>/<tag>/manifest.json     sizes and checksums, verified on load
+    <save_dir>/latest                   the newest complete tag
+
+Everything is plain tensors and Python containers, so loading uses weights_only=True.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+
+from ..checkpoint.store import CheckpointWriter, load_file, resolve_checkpoint, validate_tag, verify_checkpoint
+
+log = logging.getLogger("zerotrain")
+
+
+def _rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _optim_file(rank: int) -> str:
+    return f"optim_rank{rank}.pt"
+
+
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
+    tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
+    comm = engine.comm
+    shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
+    with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
+                          save_latest=save_latest) as writer:
+        if comm.rank == 0:
+            writer.save("model_states.pt", {
+                "module": engine.module.state_dict(),
+                "global_steps": engine.global_steps,
+                "global_samples": engine.global_samples,
+                "skipped_steps": engine.skipped_steps,
+                "micro_steps": engine.micro_steps,
+                "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+                "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
+                "features": {f.name: f.state_dict() for f in engine.features},
+                "zero_stage": getattr(engine.strategy, "stage", 0),
+                "world_size": comm.world_size,
+                "client_state": client_state,
+            })
+        if comm.rank == 0 or shards_optimizer:
+            writer.save(_optim_file(comm.rank), {
+                "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
+                "strategy": engine.strategy.state_dict(),
+            })
+        writer.save(f"rng_rank{comm.rank}.pt", _rng_state())
+    return True
+
+
+def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
+                    load_lr_scheduler_states: bool, load_module_only: bool):
+    path = resolve_checkpoint(load_dir, tag, missing_ok=tag is None)
+    if path is None:
+        log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
+        return None, None
+    verify_checkpoint(path)
+    comm = engine.comm
+    shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
+    model_states = load_file(path, "model_states.pt")
+    engine.module.load_state_dict(model_states["module"], strict=strict)
+    optim_states = {}
+    if not load_module_only and load_optimizer_states:
+        optim_states = load_file(path, _optim_file(comm.rank if shards_optimizer else 0))
+        if engine.optimizer is not None and optim_states["optimizer"] is not None:
+            engine.optimizer.load_state_dict(optim_states["optimizer"])
+    engine.strategy.load_state_dict(optim_states.get("strategy", {}))
+    if load_module_only:
+        return str(path), model_states["client_state"]
+    for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+        setattr(engine, name, model_states[name])
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
+        engine.loss_scaler.load_state_dict(model_states["loss_scaler"])
+    for feature in engine.features:
+        state = model_states["features"].get(feature.name)
+        if state is not None:
+            feature.load_state_dict(state)
+    rng_file = path / f"rng_rank{comm.rank}.pt"
+    if rng_file.exists():
+        _set_rng_state(load_file(path, rng_file.name))
+    return str(path), model_states["client_state"]

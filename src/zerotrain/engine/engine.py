@@ -1,0 +1,211 @@
+"""The training engine: forward, backward, step, with DeepSpeed's loop and counters.
+
+    loss = engine(batch)          features may add kwargs or cut the batch (training only)
+    engine.backward(loss)         loss x scale / accumulation; buckets reduce during backward
+    engine.step()                 at the accumulation boundary: norm, overflow check, clip,
+                                  optimizer step, LR schedule, counters
+
+What is sharded and how gradients travel is the strategy's business (zerotrain.zero); the
+engine only sequences it. Features (curriculum, layer drop, ...) attach through the events of
+hooks.py, so this file never names one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from .hooks import EngineFeature
+from .timers import Timers
+
+log = logging.getLogger("zerotrain")
+
+
+class Engine(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, config, comm, strategy, optimizer, lr_scheduler,
+                 loss_scaler, compute_dtype: torch.dtype, features: list[EngineFeature] = (),
+                 training_dataloader=None):
+        super().__init__()
+        self.module = module
+        self.config = config
+        self.comm = comm
+        self.strategy = strategy
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.loss_scaler = loss_scaler
+        self.compute_dtype = compute_dtype
+        self.features = list(features)
+        self.training_dataloader = training_dataloader
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self.micro_steps = 0
+        self._grad_norm: float | None = None
+        self._timers = Timers(config.wall_clock_breakdown, comm.state.device)
+        self._skip_nonfinite = not (config.bf16.enabled and not config.bf16.check_grad_overflow)
+        self._window_loss = torch.zeros((), dtype=torch.float64)
+        self._window_micro = 0
+        self._window_start = time.perf_counter()
+        self._window_samples = 0
+        self._window_overflows = 0
+        self._last_overflow_log = -(10**9)
+
+    # ---- DeepSpeed-style accessors -------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.comm.state.device
+
+    @property
+    def local_rank(self) -> int:
+        return self.comm.state.local_rank
+
+    @property
+    def global_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else []
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._grad_norm
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    # ---- the loop ------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self.module.training:
+            for feature in self.features:
+                args, kwargs = feature.before_forward(self, args, kwargs)
+        with self._timers("forward"):
+            return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise TypeError("engine.backward expects the scalar loss tensor returned by the model")
+        self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
+        scale = self.loss_scale / self.gradient_accumulation_steps()
+        with self._timers("backward"):
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+            self.strategy.end_backward()
+        self._window_loss += loss.detach().double().cpu()
+        self._window_micro += 1
+        return loss
+
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        if self.is_gradient_accumulation_boundary():
+            if self.optimizer is None:
+                raise RuntimeError("engine.step() needs an optimizer: add an \"optimizer\" block to "
+                                   "the config or pass optimizer= to zerotrain.initialize")
+            with self._timers("step"):
+                self._boundary_step(lr_kwargs or {})
+        self.micro_steps += 1
+
+    def _boundary_step(self, lr_kwargs: dict) -> None:
+        for feature in self.features:
+            feature.on_boundary(self)
+        scale = self.loss_scale
+        norm = self.strategy.grad_norm(scale)
+        overflow = not math.isfinite(norm) and self._skip_nonfinite
+        if self.loss_scaler is not None:
+            self.loss_scaler.update_scale(overflow)
+        self._grad_norm = norm
+        if overflow:
+            self.skipped_steps += 1
+            self.strategy.zero_grad()
+            self._note_overflow(scale)
+        else:
+            coef = 1.0 / scale
+            clip = self.config.gradient_clipping
+            if clip > 0 and norm > clip:
+                coef *= clip / (norm + 1e-6)
+            self.strategy.prepare_step(coef)
+            self.optimizer.step()
+            self.strategy.after_step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**lr_kwargs)
+        self._window_samples += self.train_batch_size()
+        spp = self.config.steps_per_print
+        if spp and (self.global_steps + 1) % spp == 0:
+            self._print_progress()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+        for feature in self.features:
+            feature.after_step(self)
+
+    # ---- logging -------------------------------------------------------------------------
+    def _note_overflow(self, scale: float) -> None:
+        """One line per window of steps, not one per skipped step."""
+        self._window_overflows += 1
+        every = self.config.steps_per_print or 100
+        if self.global_steps - self._last_overflow_log >= every and self.comm.rank == 0:
+            what = "loss scale overflow" if self.loss_scaler else "non-finite gradient"
+            log.warning("step %d: %s, skipped the step (%d skipped so far; loss scale %g -> %g)",
+                        self.global_steps + 1, what, self.skipped_steps, scale, self.loss_scale)
+            self._last_overflow_log = self.global_steps
+
+    def _print_progress(self) -> None:
+        """Rank 0 prints the mean loss over all ranks since the last line (all ranks join)."""
+        stats = torch.tensor([float(self._window_loss), float(self._window_micro)], dtype=torch.float64)
+        self.comm.all_reduce(stats)
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        if self.comm.rank == 0:
+            loss = stats[0].item() / max(stats[1].item(), 1.0)
+            fields = {"step": self.global_steps + 1, "loss": f"{loss:.4f}",
+                      "lr": ",".join(f"{lr:.3e}" for lr in self.get_lr()),
+                      "samples/s": f"{self._window_samples / elapsed:.1f}"}
+            if self.skipped_steps:
+                fields["skipped"] = self.skipped_steps
+            if self.loss_scaler is not None:
+                fields["loss_scale"] = f"{self.loss_scale:g}"
+            for feature in self.features:
+                fields.update(feature.log_fields(self))
+            line = " ".join(f"{k}={v}" for k, v in fields.items())
+            if self.config.wall_clock_breakdown:
+                line += " | " + self._timers.summary_and_reset()
+            log.info(line)
+        self._window_loss.zero_()
+        self._window_micro = 0
+        self._window_samples = 0
+        self._window_start = time.perf_counter()
+
+    # ---- checkpoints (checkpointing.py does the work) ------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True):
+        from .checkpointing import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False):
+        from .checkpointing import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                               load_lr_scheduler_states, load_module_only)

@@ -1,0 +1,36 @@
+"""Events a feature can react to. The engine calls these and never names a feature.
+
+Curriculum learning, progressive layer drop, token budgets and the like each live in their
+own module as an `EngineFeature`; adding one adds a file, not `if`s in the engine.
+"""
+
+from __future__ import annotations
+
+
+class EngineFeature:
+    """Override only what you need; every hook defaults to doing nothing."""
+
+    name = "feature"
+
+    def on_train_start(self, engine) -> None:
+        """Once, at the end of initialize (validate the model, log that the feature is on)."""
+
+    def before_forward(self, engine, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Training-mode forwards only: may add kwargs or cut the batch."""
+        return args, kwargs
+
+    def on_boundary(self, engine) -> None:
+        """At each optimizer-step boundary, before the step and before global_steps += 1."""
+
+    def after_step(self, engine) -> None:
+        """After the boundary's bookkeeping (global_steps already incremented)."""
+
+    def log_fields(self, engine) -> dict:
+        """Extra fields for the rank-0 progress line."""
+        return {}
+
+    def state_dict(self) -> dict | None:
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

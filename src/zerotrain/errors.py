@@ -1,0 +1,24 @@
+"""User-facing error types: one clear line that names what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is wrong. The message is meant to be shown as is."""
+
+
+class DataError(ValueError):
+    """A data file or dataset cannot be used. The message names the file and the fix."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Suffix like ', did you mean stage?' or '' when nothing is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f", did you mean {match[0]}?" if match else ""

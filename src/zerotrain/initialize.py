@@ -1,0 +1,141 @@
+"""`zerotrain.initialize`: DeepSpeed's entry point, same arguments, same four results."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+from .config import load_config
+from .data import build_dataloader
+from .dist import Comm, init_parallel
+from .engine.engine import Engine
+from .errors import ConfigError
+from .optim import adapt_client_optimizer, build_optimizer
+from .precision import build_loss_scaler
+from .schedules import build_scheduler
+from .zero import build_strategy
+
+log = logging.getLogger("zerotrain")
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _setup_logging(rank: int) -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[zerotrain] %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -> tuple[list[dict], dict]:
+    """Normalise what the user passed into torch-style groups of trainable model parameters."""
+    registration = {id(p): i for i, p in enumerate(module.parameters())}
+    if model_parameters is None:
+        if isinstance(client_optimizer, torch.optim.Optimizer):
+            groups = [dict(g) for g in client_optimizer.param_groups]
+        else:
+            groups = [{"params": list(module.parameters())}]
+    else:
+        items = list(model_parameters)
+        if items and isinstance(items[0], dict):
+            groups = [dict(g) for g in items]
+        else:
+            groups = [{"params": [p[1] if isinstance(p, tuple) else p for p in items]}]
+    seen = set()
+    for i, group in enumerate(groups):
+        params = [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])
+        kept = []
+        for p in params:
+            if id(p) not in registration:
+                raise ConfigError(f"model_parameters group {i} holds a tensor that is not a parameter of "
+                                  "the model; pass model.parameters() or groups of them")
+            if id(p) in seen:
+                raise ConfigError(f"model_parameters group {i} repeats a parameter already in another group")
+            seen.add(id(p))
+            if p.requires_grad:
+                kept.append(p)
+        group["params"] = kept
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ConfigError("the model has no trainable parameters (none requires grad)")
+    return groups, registration
+
+
+def _features(config) -> list:
+    for block in ("curriculum_learning", "progressive_layer_drop"):
+        value = getattr(config, block, None)
+        if value is not None and value.enabled:
+            raise ConfigError(f"{block}: the block is valid but this version of zerotrain does not run it "
+                              "yet; set \"enabled\": false")
+    return []
+
+
+def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
+               dist_init_required=None, collate_fn=None, config=None, config_params=None):
+    """Build the engine. Returns (engine, optimizer, training_dataloader, lr_scheduler)."""
+    if model is None:
+        raise ConfigError("initialize needs model=<torch.nn.Module>")
+    if config is None:
+        config = config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "zerotrain_config", None)
+    if config is None:
+        raise ConfigError("initialize needs config=<dict or path to a DeepSpeed JSON file>")
+
+    state = init_parallel()
+    _setup_logging(state.rank)
+    comm = Comm(state)
+    cfg = load_config(config, world_size=state.world_size)
+    compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
+
+    model.to(state.device)
+    if compute_dtype != torch.float32:
+        model.to(compute_dtype)
+    groups, registration = _param_groups(model, model_parameters, optimizer)
+    zero = cfg.zero_optimization
+    explicit_bucket = "reduce_bucket_size" in zero.model_fields_set
+    strategy = build_strategy(zero.stage, groups, registration, comm, compute_dtype, state.device,
+                              bucket_numel=int(zero.reduce_bucket_size) if explicit_bucket else None,
+                              prescale_gradients=cfg.prescale_gradients,
+                              gradient_predivide_factor=cfg.gradient_predivide_factor)
+    # Every rank starts from rank 0's weights, as DDP does.
+    for buffer in strategy.model_buffers:
+        comm.broadcast(buffer)
+    for buffer in model.buffers():
+        comm.broadcast(buffer)
+    strategy.load_state_dict({})
+
+    if optimizer is not None:
+        torch_optimizer = adapt_client_optimizer(optimizer, strategy.optimizer_groups())
+    elif cfg.optimizer is not None:
+        torch_optimizer = build_optimizer(cfg.optimizer.type, cfg.optimizer.params, strategy.optimizer_groups())
+    else:
+        torch_optimizer = None
+
+    if lr_scheduler is not None:
+        # a factory is called with our optimizer; a scheduler object (not callable) is used as is
+        scheduler = lr_scheduler(torch_optimizer) if callable(lr_scheduler) else lr_scheduler
+    elif cfg.scheduler is not None:
+        if torch_optimizer is None:
+            raise ConfigError("scheduler: a scheduler needs an optimizer; add an \"optimizer\" block")
+        scheduler = build_scheduler(cfg.scheduler.type, torch_optimizer, cfg.scheduler.params)
+    else:
+        scheduler = None
+
+    fp16 = cfg.fp16
+    scaler = build_loss_scaler(fp16.enabled, fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window,
+                               fp16.hysteresis, fp16.consecutive_hysteresis, fp16.min_loss_scale)
+    loader = None
+    if training_data is not None:
+        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, state.rank,
+                                  state.world_size, collate_fn=collate_fn)
+    engine = Engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
+                    features=_features(cfg), training_dataloader=loader)
+    for feature in engine.features:
+        feature.on_train_start(engine)
+    return engine, torch_optimizer, loader, scheduler

@@ -1,0 +1,88 @@
+"""A GPT-2-style decoder (pre-LayerNorm, tied embeddings), small enough for CPU runs.
+
+`GPT(cfg)(input_ids, labels=None)` returns the mean next-token loss when labels are given
+(labels are the inputs themselves; the shift happens inside), else the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    n_positions: int = 256
+    n_embd: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has
+
+    @classmethod
+    def preset(cls, name: str) -> GPTConfig:
+        presets = {
+            "tiny": dict(n_embd=64, n_layer=2, n_head=2, n_positions=128),
+            "small": dict(n_embd=128, n_layer=4, n_head=4, n_positions=256),
+            # ~20M parameters with the GPT-2 vocabulary size: the benchmark model
+            "bench20m": dict(vocab_size=8192, n_embd=384, n_layer=8, n_head=6, n_positions=256),
+        }
+        return cls(**presets[name])
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        bias = cfg.bias
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=bias)
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=bias)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=bias)
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=bias)
+        self.fc_out = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=bias)
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        t = input_ids.shape[1]
+        pos = torch.arange(t, device=input_ids.device)
+        x = self.wte(input_ids) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1))

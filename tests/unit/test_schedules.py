@@ -1,0 +1,670 @@
+"""Schedules against the spec (reference.md section 3, 7 and 8).
+
+The reference curves below are written from the spec text, independently of
+`zerotrain.schedules.functional`, and compared with what a real scheduler writes into a
+real torch optimizer at every step of a grid.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+
+import pytest
+import torch
+
+from zerotrain.errors import ConfigError
+from zerotrain.schedules import (
+    SCHEDULER_TYPES,
+    LRRangeTest,
+    OneCycle,
+    WarmupCosineLR,
+    WarmupDecayLR,
+    WarmupLR,
+    build_scheduler,
+    get_scheduler,
+    resolve_warmup_steps,
+)
+
+LRS = (0.1, 0.02)  # two param groups; optimizer defaults lr is the first
+
+
+def make_opt(kind: str = "adamw", lrs=LRS, tensor_lr: bool = False):
+    groups = []
+    for lr in lrs:
+        group = {"params": [torch.nn.Parameter(torch.zeros(2))]}
+        group["lr"] = torch.tensor(lr, dtype=torch.float64) if tensor_lr else lr
+        groups.append(group)
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lrs[0], momentum=0.9)
+    return torch.optim.AdamW(groups, lr=lrs[0])
+
+
+def group_lrs(opt):
+    return [float(g["lr"]) for g in opt.param_groups]
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def assert_lrs(got, want, where):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert close(g, w), f"{where}: got {g!r}, want {w!r}"
+
+
+def advance(opt, sched, *args):
+    opt.step()  # no grads: a no-op, but keeps torch's ordering check quiet
+    sched.step(*args)
+
+
+# ----------------------------------------------------------------------------------------
+# HF reference, from the spec text of 3.2
+
+def hf_ref(name, s, W, N, lr_init=LRS[0], **kw):
+    def ramp():
+        return s / max(1, W)
+
+    if name == "constant":
+        return 1.0
+    if name == "constant_with_warmup":
+        return s / max(1.0, W) if s < W else 1.0
+    if name == "cosine_warmup_with_min_lr":
+        r = kw.get("min_lr_rate", kw.get("min_lr", 0) / lr_init if "min_lr" in kw else None)
+        if s < W:
+            w = kw.get("warmup_lr_rate")
+            return (s + 1) / max(1, W) if w is None else w + (1 - w) * s / max(1, W - 1)
+        p = (s - W + 1) / max(1, N - W)
+        f = 0.5 * (1 + math.cos(math.pi * 2 * kw.get("num_cycles", 0.5) * p))
+        return max(0.0, f * (1 - r) + r)
+    if name == "warmup_stable_decay":
+        S, D, m = kw["S"], kw["D"], kw.get("min_lr_ratio", 0.0)
+        wt, dt = kw.get("warmup_type", "linear"), kw.get("decay_type", "cosine")
+        if s < W:
+            p = s / max(1, W)
+            f = {"linear": p, "cosine": 0.5 * (1 - math.cos(math.pi * p)), "1-sqrt": 1 - math.sqrt(1 - p)}[wt]
+            return f * (1 - m) + m
+        if s < W + S:
+            return 1.0
+        if s < W + S + D:
+            p = (s - W - S) / max(1, D)
+            nc = kw.get("num_cycles", 0.5)
+            f = {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * 2 * nc * p)), "1-sqrt": 1 - math.sqrt(p)}[dt]
+            return f * (1 - m) + m
+        return m
+    if s < W:
+        return ramp()
+    if name == "linear":
+        return max(0.0, (N - s) / max(1, N - W))
+    if name in ("cosine", "cosine_with_min_lr"):
+        p = (s - W) / max(1, N - W)
+        f = max(0.0, 0.5 * (1 + math.cos(math.pi * 2 * kw.get("num_cycles", 0.5) * p)))
+        if name == "cosine":
+            return f
+        r = kw["min_lr_rate"] if "min_lr_rate" in kw else kw["min_lr"] / lr_init
+        return max(0.0, f * (1 - r) + r)
+    if name == "cosine_with_restarts":
+        p = (s - W) / max(1, N - W)
+        if p >= 1:
+            return 0.0
+        return max(0.0, 0.5 * (1 + math.cos(math.pi * ((kw.get("num_cycles", 1) * p) % 1))))
+    if name == "polynomial":
+        end, power = kw.get("lr_end", 1e-7), kw.get("power", 1.0)
+        if s > N:
+            return end / lr_init
+        return ((lr_init - end) * (1 - (s - W) / (N - W)) ** power + end) / lr_init
+    if name == "inverse_sqrt":
+        ts = kw.get("timescale") or (W if W else 10000)
+        return 1 / math.sqrt((s + ts - W) / ts)
+    raise AssertionError(name)
+
+
+GRID = [(0, 10), (3, 10), (1, 1), (10, 10), (12, 10), (5, 23)]
+HF_CASES = [
+    ("linear", {}),
+    ("cosine", {}),
+    ("cosine", {"num_cycles": 1.5}),
+    ("cosine_with_restarts", {}),
+    ("cosine_with_restarts", {"num_cycles": 3}),
+    ("polynomial", {}),
+    ("polynomial", {"power": 2.0, "lr_end": 0.01}),
+    ("constant", {}),
+    ("constant_with_warmup", {}),
+    ("inverse_sqrt", {}),
+    ("inverse_sqrt", {"timescale": 7}),
+    ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
+    ("cosine_with_min_lr", {"min_lr": 0.005, "num_cycles": 1.0}),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1}),
+    ("cosine_warmup_with_min_lr", {"min_lr": 0.005, "warmup_lr_rate": 0.2}),
+]
+
+
+@pytest.mark.parametrize("W,N", GRID)
+@pytest.mark.parametrize("name,kw", HF_CASES, ids=lambda v: str(v))
+def test_hf_matches_spec_formula_at_every_step(name, kw, W, N):
+    if name == "polynomial" and W == N:
+        pytest.skip("spec: HF divides by zero at step W when N == W (our choice tested below)")
+    opt = make_opt()
+    sched = get_scheduler(name, opt, num_warmup_steps=W, num_training_steps=N, scheduler_specific_kwargs=kw)
+    assert isinstance(sched, torch.optim.lr_scheduler.LambdaLR)
+    for s in range(N + 8):
+        if s:
+            advance(opt, sched)
+        assert_lrs(group_lrs(opt), [lr * hf_ref(name, s, W, N, **kw) for lr in LRS], f"{name} W={W} N={N} step {s}")
+
+
+WSD_CASES = [
+    # (W, N, kwargs, S used by the reference)
+    (3, 20, {"num_decay_steps": 5}, 12),
+    (0, 10, {"num_decay_steps": 4, "decay_type": "linear", "min_lr_ratio": 0.1}, 6),
+    (4, None, {"num_decay_steps": 4, "num_stable_steps": 3, "warmup_type": "cosine", "decay_type": "1-sqrt"}, 3),
+    (4, 12, {"num_decay_steps": 6, "warmup_type": "1-sqrt", "min_lr_ratio": 0.2, "num_cycles": 1.0}, 2),
+    (1, 3, {"num_decay_steps": 1}, 1),
+]
+
+
+@pytest.mark.parametrize("W,N,kw,S", WSD_CASES)
+def test_warmup_stable_decay_matches_spec(W, N, kw, S):
+    opt = make_opt()
+    sched = get_scheduler("warmup_stable_decay", opt, W, N, **kw)
+    ref_kw = {k: v for k, v in kw.items() if k not in ("num_decay_steps", "num_stable_steps")}
+    for s in range(W + S + kw["num_decay_steps"] + 6):
+        if s:
+            advance(opt, sched)
+        want = hf_ref("warmup_stable_decay", s, W, N, S=S, D=kw["num_decay_steps"], **ref_kw)
+        assert_lrs(group_lrs(opt), [lr * want for lr in LRS], f"wsd step {s}")
+
+
+def test_hf_edge_cases_from_spec():
+    # 8.14: cosine rises again after N; restarts are 0 from p >= 1; polynomial holds lr_end.
+    lrs = {}
+    for name in ("cosine", "cosine_with_restarts", "polynomial"):
+        opt = make_opt(lrs=(0.1,))
+        sched = get_scheduler(name, opt, 2, 10)
+        lrs[name] = [group_lrs(opt)[0]] + [(advance(opt, sched), group_lrs(opt)[0])[1] for _ in range(14)]
+    assert close(lrs["cosine"][11], lrs["cosine"][9]) and lrs["cosine"][11] > lrs["cosine"][10]
+    assert all(v == 0.0 for v in lrs["cosine_with_restarts"][10:])
+    assert all(close(v, 1e-7) for v in lrs["polynomial"][10:])
+    # Warmup peaks at index W; constant_with_warmup as well; inverse_sqrt is 1 at W.
+    assert close(lrs["cosine"][2], 0.1) and lrs["cosine"][1] < 0.1
+    # Our choice where HF divides by zero: polynomial with N == W is finished at W.
+    opt = make_opt(lrs=(0.1,))
+    sched = get_scheduler("polynomial", opt, 3, 3)
+    for _ in range(3):
+        advance(opt, sched)
+    assert close(group_lrs(opt)[0], 1e-7)
+
+
+def test_hf_name_forms_and_kwargs_routes():
+    class SchedulerType(enum.Enum):
+        COSINE = "cosine"
+
+    def trace(name, **kw):
+        opt = make_opt()
+        sched = get_scheduler(name, opt, 1, 10, **kw)
+        return [(advance(opt, sched), group_lrs(opt))[1] for _ in range(6)]
+
+    want = trace("cosine", num_cycles=1.5)
+    for name in ("COSINE", "Cosine", SchedulerType.COSINE, "SchedulerType.COSINE"):
+        assert trace(name, num_cycles=1.5) == want
+    assert trace("cosine", scheduler_specific_kwargs={"num_cycles": 1.5}) == want
+    assert trace("cosine") != want
+    assert SCHEDULER_TYPES[:3] == ["linear", "cosine", "cosine_with_restarts"] and len(SCHEDULER_TYPES) == 11
+
+
+def test_hf_requirements_and_errors():
+    opt = make_opt()
+    get_scheduler("constant", opt)  # ignores warmup and total
+    for name in SCHEDULER_TYPES:
+        if name in ("constant", "reduce_lr_on_plateau"):
+            continue
+        kw = {"num_decay_steps": 2} if name == "warmup_stable_decay" else {}
+        kw.update({"min_lr_rate": 0.1} if "min_lr" in name else {})
+        with pytest.raises(ValueError, match="num_warmup_steps"):
+            get_scheduler(name, make_opt(), None, 10, **kw)
+        if name not in ("constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"):
+            with pytest.raises(ValueError, match="num_training_steps"):
+                get_scheduler(name, make_opt(), 2, None, **kw)
+        else:
+            get_scheduler(name, make_opt(), 2, None, **({"num_stable_steps": 3, **kw} if kw else {}))
+    with pytest.raises(ConfigError, match="unknown scheduler 'cosin', did you mean cosine"):
+        get_scheduler("cosin", make_opt(), 1, 2)
+    with pytest.raises(ConfigError, match="lr_scheduler_kwargs.num_cycle: unknown key for cosine, did you mean num_cycles"):
+        get_scheduler("cosine", make_opt(), 1, 10, num_cycle=2)
+    with pytest.raises(ValueError, match="lr_end"):
+        get_scheduler("polynomial", make_opt(), 1, 10, lr_end=0.5)
+    for name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr"):
+        with pytest.raises(ValueError, match="exactly one"):
+            get_scheduler(name, make_opt(), 1, 10)
+        with pytest.raises(ValueError, match="exactly one"):
+            get_scheduler(name, make_opt(), 1, 10, min_lr=0.01, min_lr_rate=0.1)
+    with pytest.raises(ValueError, match="num_decay_steps"):
+        get_scheduler("warmup_stable_decay", make_opt(), 1, 10)
+    with pytest.raises(ValueError, match="num_stable_steps"):
+        get_scheduler("warmup_stable_decay", make_opt(), 1, None, num_decay_steps=3)
+    with pytest.raises(ValueError, match="decay_type"):
+        get_scheduler("warmup_stable_decay", make_opt(), 1, 10, num_decay_steps=3, decay_type="exp")
+    with pytest.warns(UserWarning, match="num_stable_steps wins"):
+        get_scheduler("warmup_stable_decay", make_opt(), 1, 10, num_decay_steps=3, num_stable_steps=2)
+
+
+def test_reduce_lr_on_plateau_drops_on_twelfth_flat_call():
+    opt = make_opt()
+    sched = get_scheduler("reduce_lr_on_plateau", opt, 5, 100)
+    assert isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    for call in range(1, 13):
+        sched.step(1.0)
+        want = [lr * 0.1 for lr in LRS] if call >= 12 else list(LRS)
+        assert_lrs(group_lrs(opt), want, f"plateau call {call}")
+    with pytest.raises(ConfigError, match="did you mean patience"):
+        get_scheduler("reduce_lr_on_plateau", make_opt(), patiense=3)
+
+
+def test_lambda_schedules_state_dict_round_trip():
+    opt = make_opt()
+    sched = get_scheduler("cosine", opt, 2, 10)
+    for _ in range(4):
+        advance(opt, sched)
+    state = sched.state_dict()
+    opt2 = make_opt()
+    sched2 = get_scheduler("cosine", opt2, 2, 10)
+    sched2.load_state_dict(state)
+    advance(opt, sched)
+    advance(opt2, sched2)
+    assert group_lrs(opt) == group_lrs(opt2)
+
+
+# ----------------------------------------------------------------------------------------
+# resolve_warmup_steps (choice 7, 8.15)
+
+@pytest.mark.parametrize(
+    "n,steps,ratio,want",
+    [
+        (100, 1.5, 0.0, 1),  # 5.x: truncated
+        (10, 0.99, 0.0, 10),  # 5.x: ratio, ceil
+        (10, 0.25, 0.0, 3),
+        (100, 7, 0.5, 7),  # 4.x: steps > 0 win over ratio
+        (10, 0, 0.25, 3),  # 4.x: ratio when steps == 0
+        (10, 0, 0.0, 0),
+        (0, 0.5, 0.0, 0),
+    ],
+)
+def test_resolve_warmup_steps(n, steps, ratio, want):
+    assert resolve_warmup_steps(n, steps, ratio) == want
+
+
+def test_resolve_warmup_steps_rejects_bad_values():
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        resolve_warmup_steps(10, -1)
+    with pytest.raises(ConfigError, match="warmup_ratio"):
+        resolve_warmup_steps(10, 0, 1.5)
+    with pytest.raises(ConfigError, match="warmup_ratio"):
+        resolve_warmup_steps(10, 0, -0.1)
+
+
+# ----------------------------------------------------------------------------------------
+# DeepSpeed reference, from the spec text of 3.1 (`it` = last_batch_iteration)
+
+def ds_gamma(it, n, kind):
+    W = max(2, n)
+    if it < 0:
+        return 0.0
+    if it >= W:
+        return 1.0
+    return it / W if kind == "linear" else math.log(it + 1) / math.log(W)
+
+
+def ref_warmup(it, lo, hi, n, kind):
+    return lo + (hi - lo) * ds_gamma(it, n, kind)
+
+
+def ref_warmup_decay(it, lo, hi, n, total, kind):
+    W = max(2, n)
+    gamma = ds_gamma(it, n, kind) if it < W else max(0.0, (total - it) / max(1, total - W))
+    return lo + (hi - lo) * gamma
+
+
+def ref_cosine_ratio(it, n, total, wmin, cmin, kind):
+    W = max(2, n)
+    if it < 0:
+        return 0.0
+    if it < W:
+        return wmin + ds_gamma(it, n, kind) * (1 - wmin)
+    p = min(1.0, (it - W + 1) / max(1, total - W))
+    return max(0.0, cmin + (1 - cmin) * (1 + math.cos(math.pi * p)) / 2)
+
+
+def ref_range(it, lo, size, rate, stair):
+    interval = (it + 1) / size
+    return lo * (1 + rate * (math.floor(interval) if stair else interval))
+
+
+def ref_scale(it, first, second, c1, c2):
+    total = first + second
+    ratio = first / total
+    b = it + 1
+    x = 1 + b / total - math.floor(1 + b / total)
+    ci = b % total
+    if x <= ratio:
+        scale, count = x / ratio, c1
+    else:
+        scale, count = (x - 1) / (ratio - 1), c2
+    if count > 0:
+        pos = ci * count / first if ci <= first else (total - ci) * count / second
+        scale = math.floor(pos) / count
+    return scale
+
+
+def ref_one_cycle(it, lo, hi, mlo, mhi, first, second, c1, c2, dlr, dmom, dsize):
+    total = first + second
+    if it < total:
+        s = ref_scale(it, first, second, c1, c2)
+        return lo + (hi - lo) * s, mhi - (mhi - mlo) * s
+    k = it - total + 1
+    lr = lo if (dsize == 0 or dlr == 0) else lo / (1 + dlr * k / dsize)
+    mom = mhi if (dsize == 0 or dmom == 0) else mhi * (1 + dmom * k / dsize)
+    return lr, mom
+
+
+def drive(opt, sched, steps, ref, mom_ref=None):
+    """Check the construction value, then the value after every step()."""
+    assert_lrs(group_lrs(opt), ref(-1), "construction")
+    for it in range(steps):
+        advance(opt, sched)
+        assert_lrs(group_lrs(opt), ref(it), f"it={it}")
+        assert_lrs(sched.get_last_lr(), ref(it), f"get_last_lr it={it}")
+        assert_lrs(sched.get_lr(), ref(it), f"get_lr it={it}")
+        if mom_ref is not None:
+            assert [g["betas"][1] for g in opt.param_groups] == [0.99] * len(LRS)
+            assert_lrs([g["betas"][0] for g in opt.param_groups], mom_ref(it), f"beta1 it={it}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 10])
+@pytest.mark.parametrize("kind", ["log", "linear"])
+@pytest.mark.parametrize("hi", [0.05, None, [0.3, 0.03]])
+def test_warmup_lr_matches_spec(n, kind, hi):
+    opt = make_opt()
+    sched = WarmupLR(opt, warmup_min_lr=0.001, warmup_max_lr=hi, warmup_num_steps=n, warmup_type=kind)
+    his = list(LRS) if hi is None else (hi if isinstance(hi, list) else [hi, hi])
+    drive(opt, sched, n + 6, lambda it: [ref_warmup(it, 0.001, h, n, kind) for h in his])
+
+
+@pytest.mark.parametrize("n,total", [(5, 20), (10, 10), (10, 4), (1, 8)])
+@pytest.mark.parametrize("kind", ["log", "linear"])
+def test_warmup_decay_lr_matches_spec(n, total, kind):
+    opt = make_opt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sched = WarmupDecayLR(opt, total, warmup_min_lr=0.001, warmup_max_lr=[0.05, 0.01], warmup_num_steps=n,
+                              warmup_type=kind)
+    drive(opt, sched, total + 6, lambda it: [ref_warmup_decay(it, 0.001, h, n, total, kind) for h in (0.05, 0.01)])
+
+
+@pytest.mark.parametrize("n,total", [(5, 20), (10, 10), (10, 4), (1, 8)])
+@pytest.mark.parametrize("kind", ["log", "linear"])
+@pytest.mark.parametrize("wmin,cmin", [(0.0, 1e-4), (0.2, 0.05)])
+def test_warmup_cosine_lr_matches_spec(n, total, kind, wmin, cmin):
+    opt = make_opt()
+    sched = WarmupCosineLR(opt, total, warmup_min_ratio=wmin, warmup_num_steps=n, cos_min_ratio=cmin, warmup_type=kind)
+    drive(opt, sched, max(total, n) + 6, lambda it: [lr * ref_cosine_ratio(it, n, total, wmin, cmin, kind) for lr in LRS])
+
+
+@pytest.mark.parametrize("size", [1, 3, 10])
+@pytest.mark.parametrize("stair", [False, True])
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_lr_range_test_matches_spec(size, stair, rate):
+    opt = make_opt()
+    sched = LRRangeTest(opt, lr_range_test_min_lr=[1e-3, 2e-4], lr_range_test_step_size=size,
+                        lr_range_test_step_rate=rate, lr_range_test_staircase=stair)
+    drive(opt, sched, 3 * size + 4, lambda it: [ref_range(it, lo, size, rate, stair) for lo in (1e-3, 2e-4)])
+
+
+ONE_CYCLE_SHAPES = [(4, None, 0, None), (4, 0, 0, None), (3, 5, 0, None), (5, 2, 0, None), (6, None, 2, None),
+                    (6, 4, 3, 2), (7, 3, 0, 3), (5, 5, 5, None)]
+
+
+@pytest.mark.parametrize("first,second,c1,c2", ONE_CYCLE_SHAPES)
+@pytest.mark.parametrize("dlr,dmom,dsize", [(0.0, 0.0, 0), (0.5, 0.1, 3), (0.5, 0.0, 0)])
+def test_one_cycle_matches_spec(first, second, c1, c2, dlr, dmom, dsize):
+    opt = make_opt()
+    sched = OneCycle(opt, cycle_min_lr=[0.01, 0.002], cycle_max_lr=[0.1, 0.02], decay_lr_rate=dlr,
+                     cycle_first_step_size=first, cycle_second_step_size=second, cycle_first_stair_count=c1,
+                     cycle_second_stair_count=c2, decay_step_size=dsize, cycle_min_mom=0.85, cycle_max_mom=0.95,
+                     decay_mom_rate=dmom)
+    sec = first if second is None else second
+    c2 = c1 if c2 is None else c2
+    args = (first, sec, c1, c2, dlr, dmom, dsize)
+    groups = ((0.01, 0.1), (0.002, 0.02))
+    assert [g["betas"] for g in opt.param_groups] == [(0.85, 0.99)] * 2  # 8.12: min_mom at construction
+    drive(opt, sched, first + sec + 10,
+          lambda it: [ref_one_cycle(it, lo, hi, 0.85, 0.95, *args)[0] for lo, hi in groups],
+          lambda it: [ref_one_cycle(it, lo, hi, 0.85, 0.95, *args)[1] for lo, hi in groups])
+
+
+# ----------------------------------------------------------------------------------------
+# Spec section 7 intents and section 8 edge cases
+
+def lrs_after_steps(opt, sched, steps):
+    out = []
+    for _ in range(steps):
+        advance(opt, sched)
+        out.append(group_lrs(opt)[0])
+    return out
+
+
+@pytest.mark.parametrize("W", [10, 15, 19, 33])
+@pytest.mark.parametrize("kind", ["log", "linear"])
+def test_warmup_starts_at_min_and_peaks_at_index_w(W, kind):
+    opt = make_opt(lrs=(0.1,))
+    lrs = lrs_after_steps(opt, WarmupLR(opt, 0.01, 0.1, W, kind), W + 10)
+    assert lrs[0] == 0.01
+    assert all(close(v, 0.1) for v in lrs[W:])
+    assert all(a < b for a, b in zip(lrs[:W - 1], lrs[1:W]))
+
+    opt = make_opt(lrs=(0.1,))
+    lrs = lrs_after_steps(opt, WarmupDecayLR(opt, 3 * W, 0.01, 0.1, W, kind), 3 * W + 5)
+    assert lrs[0] == 0.01 and close(lrs[W], 0.1)
+    assert all(a > b for a, b in zip(lrs[W:3 * W], lrs[W + 1:3 * W + 1]))
+    assert all(v == 0.01 for v in lrs[3 * W:])  # reaches min at it == total and stays
+
+
+def test_get_lr_before_training_matches_optimizer_and_is_harmless():
+    for make in ALL_DS:
+        opt = make_opt()
+        sched = make(opt)
+        assert group_lrs(opt) == sched.get_lr() == sched.get_lr()
+        assert sched.last_batch_iteration == -1
+
+
+ALL_DS = [
+    lambda o: LRRangeTest(o),
+    lambda o: OneCycle(o, 0.01, 0.1, cycle_first_step_size=4),
+    lambda o: WarmupLR(o, warmup_num_steps=5),
+    lambda o: WarmupDecayLR(o, 20, warmup_num_steps=5),
+    lambda o: WarmupCosineLR(o, 20, warmup_num_steps=5),
+]
+
+
+def test_every_scheduler_keeps_a_tensor_lr_in_place():
+    for make in ALL_DS:
+        opt = make_opt(tensor_lr=True)
+        tensors = [g["lr"] for g in opt.param_groups]
+        sched = make(opt)
+        for it in range(8):
+            advance(opt, sched)
+            for g, t in zip(opt.param_groups, tensors):
+                assert g["lr"] is t and t.dtype == torch.float64 and t.shape == ()
+            assert_lrs(group_lrs(opt), sched.get_lr(), f"{type(sched).__name__} it={it}")
+
+
+def test_lr_range_staircase_blocks_and_continuous_growth():
+    opt = make_opt(lrs=(0.1,))
+    sched = LRRangeTest(opt, 1e-3, 4, 1.0, True)
+    assert group_lrs(opt)[0] == 1e-3
+    lrs = [1e-3] + lrs_after_steps(opt, sched, 15)  # index i is the lr before step i
+    assert [len(set(lrs[i:i + 4])) for i in range(0, 16, 4)] == [1, 1, 1, 1]
+    opt = make_opt(lrs=(0.1,))
+    lrs = [1e-3] + lrs_after_steps(opt, LRRangeTest(opt, 1e-3, 4), 15)
+    assert all(a < b for a, b in zip(lrs, lrs[1:]))
+
+
+def one_cycle_trace(first, second=None, c1=0, c2=None, **kw):
+    opt = make_opt(lrs=(0.1,))
+    sched = OneCycle(opt, 0.01, 0.1, cycle_first_step_size=first, cycle_second_step_size=second,
+                     cycle_first_stair_count=c1, cycle_second_stair_count=c2, **kw)
+    lrs, moms = [], []
+    for _ in range(40):  # get_lr / get_mom read before each step, as DeepSpeed's tests do
+        lrs.append(sched.get_lr()[0])
+        moms.append(sched.get_mom()[0][0])
+        advance(opt, sched)
+    return lrs, moms
+
+
+def test_one_cycle_peak_rise_fall_decay_and_mom_mirror():
+    F = 10
+    lrs, moms = one_cycle_trace(F, decay_lr_rate=0.5, decay_step_size=2, decay_mom_rate=0.1)
+    assert lrs[0] == 0.01 and close(lrs[F], 0.1)
+    assert all(a < b for a, b in zip(lrs[:F], lrs[1:F + 1]))
+    assert all(a > b for a, b in zip(lrs[F:2 * F], lrs[F + 1:2 * F + 1]))
+    assert all(a > b for a, b in zip(lrs[2 * F:], lrs[2 * F + 1:]))
+    assert moms[0] == 0.9 and close(moms[F], 0.8)
+    assert all(a > b for a, b in zip(moms[:F], moms[1:F + 1]))
+    assert all(a < b for a, b in zip(moms[F:2 * F], moms[F + 1:2 * F + 1]))
+    assert max(moms[2 * F:]) > 1.0  # 8.12: decay-phase momentum is not clamped
+
+
+def test_one_cycle_stairs():
+    lrs, _ = one_cycle_trace(8, c1=2)
+    # Each half is two stairs of four: flat within a stair, and the peak is exact.
+    assert lrs[0] == lrs[3] == 0.01 and lrs[4] == lrs[7] and lrs[8] == 0.1
+    assert len(set(lrs[:8])) == 2
+    smooth, _ = one_cycle_trace(8)
+    stair_full, _ = one_cycle_trace(8, c1=8)
+    assert all(close(a, b) for a, b in zip(smooth[:16], stair_full[:16]))
+    # Asymmetric: each count shapes only its own half.
+    only_up, _ = one_cycle_trace(6, 4, c1=3, c2=0)
+    only_down, _ = one_cycle_trace(6, 4, c1=0, c2=2)
+    cont, _ = one_cycle_trace(6, 4)
+    assert all(close(a, b) for a, b in zip(only_up[6:10], cont[6:10])) and only_up[:6] != cont[:6]
+    assert all(close(a, b) for a, b in zip(only_down[:7], cont[:7])) and only_down[7:10] != cont[7:10]
+    assert close(only_up[6], 0.1) and close(only_down[6], 0.1)
+    both, _ = one_cycle_trace(6, 4, c1=3, c2=2)
+    assert both[6] == 0.1  # with stairs on both halves the peak is exact, not 1 ulp off
+    assert both[:6] == only_up[:6] and both[7:10] == only_down[7:10]
+
+
+def test_one_cycle_without_betas_does_not_cycle_momentum():
+    opt = make_opt("sgd", lrs=(0.1,))
+    with pytest.warns(UserWarning, match="momentum is not cycled"):
+        sched = OneCycle(opt, 0.01, 0.1, cycle_first_step_size=3)
+    advance(opt, sched)
+    assert opt.param_groups[0]["momentum"] == 0.9 and "betas" not in opt.param_groups[0]
+    assert sched.get_mom() is None
+
+
+def test_warmup_cosine_lr_spec_points():
+    W, total, wmin, cmin = 10, 30, 0.1, 0.01
+    opt = make_opt(lrs=(0.1,))
+    lrs = lrs_after_steps(opt, WarmupCosineLR(opt, total, wmin, W, cmin), total + 3)
+    assert abs(lrs[0] - 0.1 * wmin) < 1e-7 and abs(lrs[W - 1] - 0.1) < 1e-7
+    assert abs(lrs[total - 1] - 0.1 * cmin) < 1e-7 and lrs[W] < 0.1
+    assert all(a < b for a, b in zip(lrs[:W - 1], lrs[1:W]))
+    assert all(a > b for a, b in zip(lrs[W - 1:total - 1], lrs[W:total]))
+    # Every group, 0 at construction even with warmup_min_ratio > 0 (8.10), then log(2)/log(10).
+    opt = make_opt()
+    sched = WarmupCosineLR(opt, 100, warmup_min_ratio=0.3, warmup_num_steps=10)
+    assert group_lrs(opt) == [0.0, 0.0]
+    sched = WarmupCosineLR(make_opt(), 100, warmup_num_steps=10)
+    sched.step(1)
+    assert_lrs(group_lrs(sched.optimizer), [lr * math.log(2) / math.log(10) for lr in LRS], "step(1)")
+    # total == warmup: cos_min right after warmup.
+    opt = make_opt(lrs=(0.1,))
+    lrs = lrs_after_steps(opt, WarmupCosineLR(opt, 5, warmup_num_steps=5, cos_min_ratio=0.01), 12)
+    assert all(close(v, 0.1 * 0.01) for v in lrs[5:])
+
+
+def test_warmup_types():
+    with pytest.warns(UserWarning, match="using 'log'"):
+        weird = WarmupCosineLR(make_opt(lrs=(0.1,)), 100, warmup_num_steps=10, warmup_type="exp")
+    log = WarmupCosineLR(make_opt(lrs=(0.1,)), 100, warmup_num_steps=10, warmup_type="log")
+    lin = WarmupCosineLR(make_opt(lrs=(0.1,)), 100, warmup_num_steps=10, warmup_type="linear")
+    for it in range(10):
+        for s in (weird, log, lin):
+            s.step()
+        assert weird.get_lr() == log.get_lr()
+        assert close(lin.get_lr_ratio(), it / 10)
+
+
+def test_warmup_defaults_and_small_warmup():
+    sched = WarmupLR(make_opt(), warmup_num_steps=3)
+    assert sched.max_lrs == list(LRS)  # inherits each group's own lr
+    assert WarmupDecayLR(make_opt(), 100, warmup_num_steps=5).max_lrs == [0.001, 0.001]  # 8.11: literal default
+    # 8.9: warmup_num_steps 1 becomes 2, so linear gives 0, 0.05, 0.1.
+    opt = make_opt(lrs=(0.1,))
+    assert lrs_after_steps(opt, WarmupLR(opt, 0.0, 0.1, 1, "linear"), 3) == [0.0, 0.05, 0.1]
+    assert WarmupCosineLR(make_opt(), 10, warmup_num_steps=1).warmup_num_steps == 2
+
+
+def test_validation_errors():
+    for cls, extra in ((WarmupLR, ()), (WarmupDecayLR, (100,)), (WarmupCosineLR, (100,))):
+        for bad in (None, 0, -3, 4.0, True):
+            with pytest.raises(ValueError, match="warmup_num_steps"):
+                cls(make_opt(), *extra, warmup_num_steps=bad)
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="step_size"):
+            LRRangeTest(make_opt(), lr_range_test_step_size=bad)
+    for first, second in ((0, 0), (0, None), (-1, None), (0, 100), (100, -1)):
+        with pytest.raises(ValueError, match="step_size"):
+            OneCycle(make_opt(), 0.01, 0.1, cycle_first_step_size=first, cycle_second_step_size=second)
+    OneCycle(make_opt(), 0.01, 0.1, cycle_first_step_size=100, cycle_second_step_size=0)
+    with pytest.raises(ValueError, match="one per param group"):
+        OneCycle(make_opt(), [0.01, 0.02, 0.03], 0.1)
+    with pytest.raises(ValueError, match="one per param group"):
+        WarmupLR(make_opt(), warmup_max_lr=[0.1])
+    with pytest.raises(AssertionError, match="step"):
+        WarmupLR(make_opt(), last_batch_iteration=5).get_last_lr()
+
+
+def test_state_dict_round_trip():
+    for make in ALL_DS:
+        opt = make_opt()
+        sched = make(opt)
+        for _ in range(7):
+            advance(opt, sched)
+        state = sched.state_dict()
+        assert state == {"last_batch_iteration": 6}
+        opt2 = make_opt()
+        sched2 = make(opt2)
+        sched2.load_state_dict(state)
+        advance(opt, sched)
+        advance(opt2, sched2)
+        assert group_lrs(opt) == group_lrs(opt2) and sched2.last_batch_iteration == 7
+
+
+# ----------------------------------------------------------------------------------------
+# build_scheduler: the config "scheduler" block
+
+def test_build_scheduler_lookup():
+    sched = build_scheduler("WarmupLR", make_opt(), {"warmup_num_steps": 5, "warmup_max_lr": 0.01})
+    assert isinstance(sched, WarmupLR)
+    assert isinstance(build_scheduler("warmupdecaylr", make_opt(), {"total_num_steps": 10, "warmup_num_steps": 2}), WarmupDecayLR)
+    step_lr = build_scheduler("StepLR", make_opt(), {"step_size": 2})
+    assert isinstance(step_lr, torch.optim.lr_scheduler.StepLR)
+    assert isinstance(build_scheduler("OneCycle", make_opt(), {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1}), OneCycle)
+
+
+def test_build_scheduler_errors():
+    with pytest.raises(ConfigError, match=r"^scheduler.type: unknown scheduler 'WarmpLR', did you mean WarmupLR\?$"):
+        build_scheduler("WarmpLR", make_opt(), {})
+    with pytest.raises(ConfigError, match=r"^scheduler.params.warmup_num_step: unknown key, did you mean warmup_num_steps\?$"):
+        build_scheduler("WarmupLR", make_opt(), {"warmup_num_step": 10})
+    with pytest.raises(ConfigError, match=r"^scheduler.params.total_num_steps: required"):
+        build_scheduler("WarmupCosineLR", make_opt(), {"warmup_num_steps": 10})
+    with pytest.raises(ConfigError, match=r"^scheduler.params: warmup_num_steps: must be an int > 0"):
+        build_scheduler("WarmupLR", make_opt(), {"warmup_num_steps": -1})
+    with pytest.raises(ConfigError, match=r"^scheduler.params: "):
+        build_scheduler("LRRangeTest", make_opt(), {"lr_range_test_step_size": 0})
+    with pytest.raises(ConfigError, match=r"^scheduler.params.gama: unknown key, did you mean gamma\?$"):
+        build_scheduler("StepLR", make_opt(), {"step_size": 2, "gama": 0.5})
