@@ -12,6 +12,7 @@ from .data import build_dataloader
 from .dist import Comm, init_parallel
 from .engine.engine import Engine
 from .errors import ConfigError
+from .features import build_features
 from .optim import adapt_client_optimizer, build_optimizer
 from .precision import build_loss_scaler
 from .schedules import build_scheduler
@@ -63,15 +64,6 @@ def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -
     if not groups:
         raise ConfigError("the model has no trainable parameters (none requires grad)")
     return groups, registration
-
-
-def _features(config) -> list:
-    for block in ("curriculum_learning", "progressive_layer_drop"):
-        value = getattr(config, block, None)
-        if value is not None and value.enabled:
-            raise ConfigError(f"{block}: the block is valid but this version of zerotrain does not run it "
-                              "yet; set \"enabled\": false")
-    return []
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -135,7 +127,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, state.rank,
                                   state.world_size, collate_fn=collate_fn)
     engine = Engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
-                    features=_features(cfg), training_dataloader=loader)
+                    features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)
     return engine, torch_optimizer, loader, scheduler
