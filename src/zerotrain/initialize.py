@@ -66,6 +66,13 @@ def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -
     return groups, registration
 
 
+def _overlap_comm(cfg) -> bool:
+    """Overlap reduction with backward unless the user turned it off explicitly (DeepSpeed's
+    default off for stages 0-2 only costs time)."""
+    raw = cfg.raw.get("zero_optimization")
+    return cfg.zero_optimization.overlap_comm if isinstance(raw, dict) and "overlap_comm" in raw else True
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -88,19 +95,18 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model.to(state.device)
     if compute_dtype != torch.float32:
         model.to(compute_dtype)
+    # Every rank starts from rank 0's weights, as DDP does (before any sharding).
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        comm.broadcast(tensor.data)
     groups, registration = _param_groups(model, model_parameters, optimizer)
     zero = cfg.zero_optimization
-    explicit_bucket = "reduce_bucket_size" in zero.model_fields_set
-    strategy = build_strategy(zero.stage, groups, registration, comm, compute_dtype, state.device,
+    raw_zero = cfg.raw.get("zero_optimization")
+    explicit_bucket = isinstance(raw_zero, dict) and "reduce_bucket_size" in raw_zero
+    strategy = build_strategy(zero, model, groups, registration, comm, compute_dtype, state.device,
                               bucket_numel=int(zero.reduce_bucket_size) if explicit_bucket else None,
                               prescale_gradients=cfg.prescale_gradients,
-                              gradient_predivide_factor=cfg.gradient_predivide_factor)
-    # Every rank starts from rank 0's weights, as DDP does.
-    for buffer in strategy.model_buffers:
-        comm.broadcast(buffer)
-    for buffer in model.buffers():
-        comm.broadcast(buffer)
-    strategy.load_state_dict({})
+                              gradient_predivide_factor=cfg.gradient_predivide_factor,
+                              overlap_comm=_overlap_comm(cfg))
 
     if optimizer is not None:
         torch_optimizer = adapt_client_optimizer(optimizer, strategy.optimizer_groups())

@@ -16,6 +16,10 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 
+# torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -103,19 +107,25 @@ class Comm:
             return _DoneWork() if async_op else None
         return dist.all_reduce(tensor, op=_OPS[op], group=self.group, async_op=async_op)
 
+    def reduce(self, tensor: torch.Tensor, dst: int, async_op: bool = False):
+        """Sum `tensor` across ranks into rank `dst` (elsewhere it is left as scratch)."""
+        if self.alone:
+            return _DoneWork() if async_op else None
+        return dist.reduce(tensor, dst=dst, group=self.group, async_op=async_op)
+
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         """Sum `inp` (world_size equal chunks) across ranks; this rank keeps its chunk in `out`."""
         if self.alone:
             out.copy_(inp)
             return _DoneWork() if async_op else None
-        return dist.reduce_scatter_tensor(out, inp, group=self.group, async_op=async_op)
+        return _reduce_scatter_flat(out, inp, group=self.group, async_op=async_op)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         """Concatenate every rank's `inp` into `out` (rank order)."""
         if self.alone:
             out.copy_(inp)
             return _DoneWork() if async_op else None
-        return dist.all_gather_into_tensor(out, inp, group=self.group, async_op=async_op)
+        return _all_gather_flat(out, inp, group=self.group, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         if not self.alone:

@@ -19,6 +19,7 @@ import random
 import numpy as np
 import torch
 
+from ..errors import CheckpointError
 from ..checkpoint.store import CheckpointWriter, load_file, resolve_checkpoint, validate_tag, verify_checkpoint
 
 log = logging.getLogger("zerotrain")
@@ -48,15 +49,32 @@ def _optim_file(rank: int) -> str:
     return f"optim_rank{rank}.pt"
 
 
+def _sharded_names(engine) -> set[str]:
+    """State-dict keys of parameters that live only as per-rank shards (ZeRO-3); those are
+    saved with the strategy state instead of the module state."""
+    ids = engine.strategy.sharded_param_ids() if hasattr(engine.strategy, "sharded_param_ids") else set()
+    return {name for name, p in engine.module.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+def _load_module(engine, state: dict, strict: bool) -> None:
+    sharded = _sharded_names(engine)
+    missing, unexpected = engine.module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in sharded]
+    if strict and (missing or unexpected):
+        raise CheckpointError(f"checkpoint does not match the model: missing keys {missing[:5]}, "
+                              f"unexpected keys {unexpected[:5]}; pass load_module_strict=False to ignore")
+
+
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
+    sharded = _sharded_names(engine)
     with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
                           save_latest=save_latest) as writer:
         if comm.rank == 0:
             writer.save("model_states.pt", {
-                "module": engine.module.state_dict(),
+                "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
                 "skipped_steps": engine.skipped_steps,
@@ -87,7 +105,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     model_states = load_file(path, "model_states.pt")
-    engine.module.load_state_dict(model_states["module"], strict=strict)
+    _load_module(engine, model_states["module"], strict)
     optim_states = {}
     if not load_module_only and load_optimizer_states:
         optim_states = load_file(path, _optim_file(comm.rank if shards_optimizer else 0))

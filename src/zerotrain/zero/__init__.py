@@ -8,17 +8,24 @@ import torch
 from ..dist import Comm
 from ..errors import ConfigError
 from .stage0 import DEFAULT_BUCKET_NUMEL, DataParallel
+from .stage1 import ShardedOptimizer
+from .stage2 import ShardedGradients
+from .gathered import GatheredParameters
+from .stage3 import ShardedParameters
 
-STRATEGIES = {0: DataParallel}
+STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}
 
 
-def build_strategy(stage: int, param_groups: list[dict], registration: dict[int, int], comm: Comm,
-                   compute_dtype: torch.dtype, device, *, bucket_numel: int | None = None,
-                   prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0):
-    if stage not in STRATEGIES:
-        raise ConfigError(f"zero_optimization.stage: stage {stage} is not available in this "
-                          f"version of zerotrain (available: {sorted(STRATEGIES)}); set \"stage\": 0")
-    return STRATEGIES[stage](param_groups, registration, comm, compute_dtype, device,
-                             bucket_numel=bucket_numel or DEFAULT_BUCKET_NUMEL,
-                             prescale_gradients=prescale_gradients,
-                             gradient_predivide_factor=gradient_predivide_factor)
+def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
+                   comm: Comm, compute_dtype: torch.dtype, device, *, bucket_numel: int | None = None,
+                   prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
+                   overlap_comm: bool = True):
+    """`zero` is the validated zero_optimization block."""
+    if zero.stage not in STRATEGIES:
+        raise ConfigError(f"zero_optimization.stage: stage {zero.stage} is not available "
+                          f"(available: {sorted(STRATEGIES)})")
+    kwargs = dict(bucket_numel=bucket_numel or DEFAULT_BUCKET_NUMEL, prescale_gradients=prescale_gradients,
+                  gradient_predivide_factor=gradient_predivide_factor, overlap_comm=overlap_comm)
+    if zero.stage == 3:
+        kwargs.update(module=module, persistence_threshold=int(zero.param_persistence_threshold))
+    return STRATEGIES[zero.stage](param_groups, registration, comm, compute_dtype, device, **kwargs)

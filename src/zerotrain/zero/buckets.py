@@ -1,16 +1,22 @@
 """Gradient buckets launched during backward, as soon as each one is complete.
 
-Each FlatGroup's gradient buffer is cut at parameter boundaries into buckets of about
-`bucket_numel` elements. A post-accumulate-grad hook counts the parameters of a bucket whose
-gradient is final; when the count is full the bucket's collective is launched asynchronously
-while backward carries on with earlier layers. Buckets launch in one fixed order on every
-rank (a bucket that is ready early waits for its predecessors), because collectives must be
-issued in the same order everywhere. Buckets whose parameters got no gradient at all (unused
-parameters) are launched when backward ends, so a parameter unused on one rank neither hangs
-the job nor corrupts the reduction.
+A bucket is a range [start, end) of one FlatGroup's flat layout. Stage 0 cuts buckets at
+parameter boundaries; stages 1 and 2 also cut at shard boundaries, so that every bucket has
+exactly one owner rank and can be *reduced* to it (the sum lands only where the optimizer
+needs it: half the traffic of an all-reduce).
 
-What a launch does is the strategy's choice (all-reduce for stage 0 and 1, reduce-scatter
-into a shard for stage 2): it is passed in as `launch(bucket) -> work handle`.
+    layout   | p5 | p4 |  p3  | p2 | p1 | p0 |pad|
+    shards   |    rank 0      |     rank 1      |
+    buckets  |  b0     | b1   | b2   |  b3      |     (b1/b2 split p3 at the shard edge)
+
+A post-accumulate-grad hook per parameter counts, for each bucket the parameter touches,
+how many of its parameters are final; a complete bucket's collective is launched at once,
+asynchronously, while backward carries on. Buckets launch in one fixed order on every rank
+(collectives must be issued in the same order everywhere), so a bucket that is ready early
+waits for its predecessors. Parameters that got no gradient (unused in this step) release
+their buckets when backward ends, so they neither hang the job nor corrupt the reduction.
+What a launch does, and what happens to a gradient when it is final (kept in place as a
+view, or copied out and freed), is the strategy's choice.
 """
 
 from __future__ import annotations
@@ -26,102 +32,132 @@ from .flat import FlatGroup
 @dataclass
 class Bucket:
     group: int  # index of the FlatGroup
-    start: int  # element offsets in the group's buffer
+    start: int  # element range in the group's flat layout
     end: int
-    params: list[int] = field(default_factory=list)  # indices into the group's params
+    owner: int = -1  # rank the bucket is reduced to; -1: every rank (all-reduce)
+    params: list[int] = field(default_factory=list)  # indices of the params it overlaps
     order_key: int = 0  # backward position of its last-ready parameter
     pending: int = 0
     work: object = None
+    data: torch.Tensor | None = None  # what was sent (a view, or a staging buffer)
 
 
-def plan_buckets(groups: list[FlatGroup], bucket_numel: int, backward_pos: dict[int, int]) -> list[Bucket]:
-    """Cut each group at parameter boundaries and order buckets by when they should be ready.
-
-    `backward_pos[id(p)]` is the parameter's expected position in backward (reverse
-    registration). The last bucket of a group absorbs the padding so buckets tile the buffer.
-    """
+def plan_buckets(groups: list[FlatGroup], bucket_numel: int, backward_pos: dict[int, int],
+                 split_at_shards: bool = False) -> list[Bucket]:
+    """Cut every group into buckets and order them by when they should be complete."""
     buckets = []
     for gi, group in enumerate(groups):
-        current = Bucket(gi, 0, 0)
-        for i, (offset, numel, p) in enumerate(zip(group.offsets, group.numels, group.params)):
-            current.params.append(i)
-            current.order_key = max(current.order_key, backward_pos[id(p)])
-            is_last = i == len(group.params) - 1
-            if offset + numel - current.start >= bucket_numel or is_last:
-                current.end = group.padded_numel if is_last else offset + numel
-                buckets.append(current)
-                current = Bucket(gi, current.end, current.end)
+        cuts = set()
+        start = 0
+        for offset, numel in zip(group.offsets, group.numels):
+            if offset + numel - start >= bucket_numel:
+                cuts.add(offset + numel)
+                start = offset + numel
+        if split_at_shards:
+            cuts.update(range(group.shard_numel, group.padded_numel, group.shard_numel))
+        edges = sorted(c for c in cuts if 0 < c < group.padded_numel) + [group.padded_numel]
+        lo = 0
+        for hi in edges:
+            owner = lo // group.shard_numel if split_at_shards else -1
+            bucket = Bucket(gi, lo, hi, owner)
+            for i, (offset, numel, p) in enumerate(zip(group.offsets, group.numels, group.params)):
+                if offset < hi and offset + numel > lo and numel:
+                    bucket.params.append(i)
+                    bucket.order_key = max(bucket.order_key, backward_pos[id(p)])
+            buckets.append(bucket)
+            lo = hi
     buckets.sort(key=lambda b: b.order_key)
     return buckets
 
 
 class BucketedReducer:
-    """Arms once per backward; fires `launch` per bucket in a fixed order; waits at the end."""
+    """Arms once per backward; fires `launch` per bucket in a fixed order; waits at the end.
 
-    def __init__(self, groups: list[FlatGroup], grad_buffers: list[torch.Tensor], bucket_numel: int,
-                 backward_pos: dict[int, int], launch: Callable[[Bucket, torch.Tensor], object]):
-        self.grad_buffers = grad_buffers
+    `on_grad(group, index, param, bucket_indices)` runs first for every final gradient (rebind it into the
+    flat buffer, or copy it into staging and free it); `launch(bucket)` sends a complete
+    bucket and returns the async handle; `land(bucket)` runs after its handle completed.
+    """
+
+    def __init__(self, groups: list[FlatGroup], buckets: list[Bucket], on_grad: Callable,
+                 launch: Callable[[Bucket], object], land: Callable[[Bucket], None] | None = None,
+                 max_in_flight: int | None = None):
+        self.groups = groups
+        self.buckets = buckets
+        self.on_grad = on_grad
         self.launch = launch
-        self.buckets = plan_buckets(groups, max(1, bucket_numel), backward_pos)
-        self._armed = False
+        self.land = land
+        self.max_in_flight = max_in_flight
+        self.armed = False
         self._next = 0
+        self._landed = 0
         self._generation = 0
-        self._counted: dict[int, int] = {}
-        self._handles = []
-        for bi, b in enumerate(self.buckets):
-            group = groups[b.group]
-            views = group.views(grad_buffers[b.group])
+        self._counted: dict[tuple[int, int], int] = {}
+        touches: dict[tuple[int, int], list[int]] = {}
+        for bi, b in enumerate(buckets):
             for i in b.params:
-                hook = self._make_hook(bi, views[i])
-                self._handles.append(group.params[i].register_post_accumulate_grad_hook(hook))
+                touches.setdefault((b.group, i), []).append(bi)
+        self._handles = [
+            groups[gi].params[i].register_post_accumulate_grad_hook(self._make_hook(gi, i, bis))
+            for (gi, i), bis in touches.items()
+        ]
 
-    def _make_hook(self, bucket_index: int, view: torch.Tensor):
-        key = id(view)
+    def _make_hook(self, group: int, index: int, bucket_indices: list[int]):
+        key = (group, index)
 
         def hook(p: torch.Tensor) -> None:
-            if p.grad is not view:
-                # The user set .grad to None (e.g. model.zero_grad()); autograd made a fresh
-                # tensor. Move it back into the flat buffer so the layout stays valid.
-                view.copy_(p.grad)
-                p.grad = view
-            if not self._armed or self._counted.get(key) == self._generation:
+            self.on_grad(group, index, p, bucket_indices)
+            if not self.armed or self._counted.get(key) == self._generation:
                 return
             self._counted[key] = self._generation
-            bucket = self.buckets[bucket_index]
-            if bucket.work is not None:
-                raise RuntimeError("a parameter received a gradient after its bucket was reduced; "
-                                   "use torch.utils.checkpoint with use_reentrant=False")
-            bucket.pending -= 1
-            if bucket.pending == 0:
+            complete = False
+            for bi in bucket_indices:
+                bucket = self.buckets[bi]
+                if bucket.work is not None:
+                    raise RuntimeError("a parameter received a gradient after its bucket was reduced; "
+                                       "with activation checkpointing use use_reentrant=False")
+                bucket.pending -= 1
+                complete |= bucket.pending == 0
+            if complete:
                 self._launch_ready()
 
         return hook
 
     def arm(self) -> None:
-        """Prepare for a backward whose gradients must be reduced (the accumulation boundary)."""
-        self._armed = True
+        """Prepare for a backward whose gradients must be reduced."""
+        self.armed = True
         self._generation += 1
-        self._next = 0
+        self._next = self._landed = 0
         for b in self.buckets:
             b.pending = len(b.params)
-            b.work = None
+            b.work = b.data = None
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending <= 0:
             b = self.buckets[self._next]
-            b.work = self.launch(b, self.grad_buffers[b.group][b.start : b.end])
+            b.work = self.launch(b)
             self._next += 1
+            if self.max_in_flight is not None:
+                while self._next - self._landed > self.max_in_flight:
+                    self._land_oldest()
+
+    def _land_oldest(self) -> None:
+        b = self.buckets[self._landed]
+        b.work.wait()
+        if self.land is not None:
+            self.land(b)
+        b.data = None
+        self._landed += 1
 
     def finish(self) -> None:
-        """Launch what unused parameters held back, then wait for every bucket."""
-        if not self._armed:
+        """Launch what unused parameters held back, then wait for and land every bucket."""
+        if not self.armed:
             return
         for b in self.buckets[self._next :]:
             b.pending = 0
         self._launch_ready()
-        for b in self.buckets:
-            b.work.wait()
-        self._armed = False
+        while self._landed < len(self.buckets):
+            self._land_oldest()
+        self.armed = False
 
     def remove(self) -> None:
         for h in self._handles:

@@ -1,7 +1,7 @@
-"""ZeRO stage 0: plain data parallelism over flat buffers.
+"""ZeRO stage 0: plain data parallelism over flat buffers; the base the other stages extend.
 
 Every rank holds the whole model, its gradients and optimizer state. Gradients are averaged
-with bucketed all-reduces launched during backward (see buckets.py). The optimizer steps one
+with bucketed all-reduces launched during backward (buckets.py). The optimizer steps one
 flat fp32 tensor per param group:
 
     fp32 training:   model params == master (views into one buffer), grads are views too,
@@ -9,8 +9,8 @@ flat fp32 tensor per param group:
     fp16/bf16:       model params and grads live in a half-precision buffer; an fp32 master
                      buffer is what the optimizer steps, and is cast back after each step.
 
-Later stages keep this skeleton and change what is sharded: they override the reduction
-(`_launch`), what the optimizer sees (`optimizer_groups`) and `after_step`.
+Stages 1 and 2 keep this skeleton and override what is sharded: the masters (one shard per
+rank), where a reduced bucket goes (`_launch`, `_land`), and `after_step` (all-gather).
 """
 
 from __future__ import annotations
@@ -18,25 +18,28 @@ from __future__ import annotations
 import torch
 
 from ..dist import Comm
-from .buckets import Bucket, BucketedReducer
+from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup
 
-# DDP's default first-class bucket (25 MB of fp32): big enough to amortise a collective,
-# small enough to overlap with backward. DeepSpeed's 5e8 default would mean one bucket.
+# DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
+# overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
 DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 
 
 class DataParallel:
     stage = 0
+    split_buckets_at_shards = False
 
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm: Comm,
                  compute_dtype: torch.dtype, device, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0):
+                 prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
+                 overlap_comm: bool = True):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.mixed = compute_dtype != torch.float32
         self.prescale = prescale_gradients
         self.predivide = float(gradient_predivide_factor)
+        self.overlap_comm = overlap_comm
         ws = comm.world_size
         self.groups: list[FlatGroup] = []
         self.hyper: list[dict] = []
@@ -47,15 +50,18 @@ class DataParallel:
         self.model_buffers = [fg.new_buffer(compute_dtype, device, fill_from_params=True) for fg in self.groups]
         for fg, buf in zip(self.groups, self.model_buffers):
             fg.bind_params(buf)
-        self.grad_buffers = [fg.new_buffer(compute_dtype, device) for fg in self.groups]
-        for fg, buf in zip(self.groups, self.grad_buffers):
-            fg.bind_grads(buf)
+        self.grad_buffers = self._make_grad_buffers(device)
+        self._grad_views = [fg.bind_grads(buf) for fg, buf in zip(self.groups, self.grad_buffers)]
         self.masters = self._make_masters()
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
-        self.reducer = BucketedReducer(self.groups, self.grad_buffers, bucket_numel, backward_pos,
-                                       self._launch)
+        buckets = plan_buckets(self.groups, bucket_numel, backward_pos, self.split_buckets_at_shards)
+        self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
+                                       max_in_flight=None if overlap_comm else 1)
 
-    # ---- what the optimizer steps -------------------------------------------------------
+    # ---- layout --------------------------------------------------------------------------
+    def _make_grad_buffers(self, device) -> list[torch.Tensor]:
+        return [fg.new_buffer(self.compute_dtype, device) for fg in self.groups]
+
     def _make_masters(self) -> list[torch.nn.Parameter]:
         masters = []
         for model_buf, grad_buf in zip(self.model_buffers, self.grad_buffers):
@@ -71,42 +77,61 @@ class DataParallel:
     def optimizer_groups(self) -> list[dict]:
         return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
 
-    # ---- backward ----------------------------------------------------------------------
+    # ---- backward ------------------------------------------------------------------------
     def begin_backward(self, boundary: bool) -> None:
         if boundary and not self.comm.alone:
             self.reducer.arm()
 
-    def _launch(self, bucket: Bucket, grads: torch.Tensor):
-        ws, f = self.comm.world_size, self.predivide
+    def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
+        view = self._grad_views[group][index]
+        if p.grad is not view:
+            # .grad was set to None (model.zero_grad()) and autograd made a fresh tensor:
+            # move it back into the flat buffer so the layout stays valid.
+            view.copy_(p.grad)
+            p.grad = view
+
+    def _prescale(self, grads: torch.Tensor) -> None:
+        """Spec: prescale divides by world size before the sum; else by the predivide factor."""
         if self.prescale:
-            grads.mul_(1.0 / ws)
-        elif f != 1.0:
-            grads.mul_(1.0 / f)
-        return self.comm.all_reduce(grads, async_op=True)
+            grads.mul_(1.0 / self.comm.world_size)
+        elif self.predivide != 1.0:
+            grads.mul_(1.0 / self.predivide)
+
+    def _postscale_factor(self) -> float:
+        return 1.0 if self.prescale else self.predivide / self.comm.world_size
+
+    def _launch(self, bucket: Bucket):
+        bucket.data = self.grad_buffers[bucket.group][bucket.start : bucket.end]
+        self._prescale(bucket.data)
+        return self.comm.all_reduce(bucket.data, async_op=True)
+
+    def _land(self, bucket: Bucket) -> None:
+        post = self._postscale_factor()
+        if post != 1.0:
+            bucket.data.mul_(post)
 
     def end_backward(self) -> None:
-        if not self.reducer._armed:
-            return
         self.reducer.finish()
-        ws, f = self.comm.world_size, self.predivide
-        if not self.prescale and f != ws:
-            torch._foreach_mul_(self.grad_buffers, f / ws)
 
-    # ---- step --------------------------------------------------------------------------
+    # ---- step ----------------------------------------------------------------------------
+    def _step_grads(self) -> list[torch.Tensor]:
+        """The reduced gradients this rank's optimizer step reads (before unscaling)."""
+        return self.grad_buffers
+
     def grad_norm(self, loss_scale: float = 1.0) -> float:
         """Global L2 norm of the averaged, unscaled gradients (inf/nan on overflow)."""
-        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.grad_buffers]
-        return float(torch.linalg.vector_norm(torch.stack(norms))) / loss_scale
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in self._step_grads()])
+        return float(torch.linalg.vector_norm(norms)) / loss_scale
 
     def prepare_step(self, coef: float) -> None:
         """Bring gradients into the master grads, multiplied by coef (unscale x clip)."""
+        grads = self._step_grads()
+        master_grads = [m.grad for m in self.masters]
         if self.mixed:
-            for master, grads in zip(self.masters, self.grad_buffers):
-                master.grad.copy_(grads)
-            if coef != 1.0:
-                torch._foreach_mul_([m.grad for m in self.masters], coef)
-        elif coef != 1.0:
-            torch._foreach_mul_(self.grad_buffers, coef)
+            for master_grad, g in zip(master_grads, grads):
+                master_grad.copy_(g)
+        if coef != 1.0:
+            torch._foreach_mul_(master_grads, coef)
 
     def after_step(self) -> None:
         if self.mixed:
@@ -117,7 +142,7 @@ class DataParallel:
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.grad_buffers)
 
-    # ---- checkpoints -------------------------------------------------------------------
+    # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's share of what the module state dict does not hold (fp32 masters)."""
         return {"masters": [m.detach().clone() for m in self.masters]} if self.mixed else {}

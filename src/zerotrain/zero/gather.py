@@ -1,0 +1,101 @@
+"""Stage 3 parameter storage: every parameter cut into N equal chunks, one per rank.
+
+    full p (n elements, padded to N*c)   | chunk 0 | chunk 1 | ... | chunk N-1 |
+    rank r's shard buffer                | c(p0) of rank r | c(p1) of rank r | ... |
+
+A rank's shard buffer is the concatenation of its chunk of every parameter of the group, in
+layout order (reverse registration), so the parameters of one module sit next to each other
+and one all-gather of that range brings the whole module back: the gathered rows are then
+copied out (one split_with_sizes_copy) into a fresh buffer whose slices become the params'
+data. Releasing a parameter points its data at an empty tensor again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .flat import ALIGN
+
+
+class ShardedGroup:
+    """Layout of one param group in shard space; duck-types FlatGroup for the reducer."""
+
+    def __init__(self, params: list[torch.nn.Parameter], world_size: int):
+        self.params = list(params)
+        self.world_size = world_size
+        self.shapes = [p.shape for p in self.params]
+        self.full_numels = [p.numel() for p in self.params]
+        self.numels = [-(-n // world_size) for n in self.full_numels]  # chunk per rank
+        self.offsets = []
+        total = 0
+        for c in self.numels:
+            self.offsets.append(total)
+            total += c
+        self.padded_numel = self.shard_numel = max(ALIGN, -(-total // ALIGN) * ALIGN)
+
+    def build_shard(self, rank: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """This rank's chunks of the (still whole) parameters."""
+        shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
+        ws = self.world_size
+        for p, o, c, n in zip(self.params, self.offsets, self.numels, self.full_numels):
+            flat = torch.zeros(ws * c, dtype=dtype, device=device)
+            flat[:n] = p.detach().reshape(-1)
+            shard[o : o + c] = flat[rank * c : (rank + 1) * c]
+        return shard
+
+    def runs(self, indices: list[int]) -> list[tuple[int, int, list[int]]]:
+        """Split the given params into contiguous shard ranges: [(lo, hi, indices)]."""
+        out = []
+        for i in sorted(indices, key=lambda i: self.offsets[i]):
+            lo, hi = self.offsets[i], self.offsets[i] + self.numels[i]
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi, out[-1][2] + [i])
+            else:
+                out.append((lo, hi, [i]))
+        return out
+
+
+class Gatherer:
+    """Brings parameters back whole (all-gather + copy-out) and releases them again."""
+
+    def __init__(self, groups: list[ShardedGroup], shards: list[torch.Tensor], comm, persistent: set[int]):
+        self.groups = groups
+        self.shards = shards
+        self.comm = comm
+        self.persistent = persistent  # ids of params kept whole once gathered
+        self.whole: dict[int, torch.nn.Parameter] = {}  # id -> param, for params now whole
+        self._numel = {id(p): n for g in groups for p, n in zip(g.params, g.full_numels)}
+        self.live_numel = 0
+        self.peak_live_numel = 0
+        self._empty = torch.empty(0, dtype=shards[0].dtype, device=shards[0].device) if shards else None
+
+    def gather(self, params_by_group: dict[int, list[int]]) -> None:
+        ws = self.comm.world_size
+        for gi, indices in params_by_group.items():
+            group = self.groups[gi]
+            missing = [i for i in indices if id(group.params[i]) not in self.whole]
+            for lo, hi, run in group.runs(missing):
+                length = hi - lo
+                gathered = torch.empty(ws * length, dtype=self.shards[gi].dtype, device=self.shards[gi].device)
+                self.comm.all_gather(gathered, self.shards[gi][lo:hi])
+                sizes = [group.numels[i] for i in run]
+                whole = torch.empty_like(gathered)
+                blocks = list(whole.split([ws * c for c in sizes]))
+                torch.split_with_sizes_copy(gathered.view(ws, length), sizes, dim=1,
+                                            out=[b.view(ws, c) for b, c in zip(blocks, sizes)])
+                for i, block in zip(run, blocks):
+                    p = group.params[i]
+                    p.data = block[: group.full_numels[i]].view(group.shapes[i])
+                    self.whole[id(p)] = p
+                    self.live_numel += group.full_numels[i]
+        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+
+    def release(self, params, force: bool = False) -> None:
+        for p in params:
+            if id(p) in self.whole and (force or id(p) not in self.persistent):
+                p.data = self._empty
+                del self.whole[id(p)]
+                self.live_numel -= self._numel[id(p)]
+
+    def release_all(self, force: bool = False) -> None:
+        self.release(list(self.whole.values()), force=force)

@@ -1,0 +1,192 @@
+"""ZeRO stage 3: parameters sharded too; each module gathers its own just in time.
+
+Every rank keeps 1/N of every parameter (gather.py). Hooks on each module that owns
+parameters run the schedule:
+
+    forward pre-hook    all-gather the module's parameters (one collective per contiguous run)
+    forward post-hook   release them (unless small enough to persist, or we are in backward,
+                        where activation-checkpoint recomputation runs forwards again)
+    backward pre-hook   all-gather them again for the module's backward
+    grad ready          copy the full gradient into its bucket, free it, release the param;
+                        a complete bucket is reduce-scattered into every rank's fp32 shard
+
+Tied parameters stay whole until their last gradient arrives (autograd accumulates a leaf
+once per backward), and a module called twice simply gathers twice. The optimizer steps the
+fp32 shard, exactly as in stages 1 and 2.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .buckets import Bucket, BucketedReducer, plan_buckets
+from .gather import Gatherer, ShardedGroup
+from .gathered import GatheredParameters, register_owner
+from .stage1 import sharded_grad_norm
+
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+
+
+class ShardedParameters:
+    stage = 3
+
+    def __init__(self, param_groups: list[dict], registration: dict[int, int], comm, compute_dtype, device,
+                 *, module: torch.nn.Module, bucket_numel: int, prescale_gradients: bool = False,
+                 gradient_predivide_factor: float = 1.0, overlap_comm: bool = True,
+                 persistence_threshold: int = 100_000):
+        self.comm = comm
+        self.compute_dtype = compute_dtype
+        self.mixed = compute_dtype != torch.float32
+        self.prescale = prescale_gradients
+        self.predivide = float(gradient_predivide_factor)
+        ws, rank = comm.world_size, comm.rank
+        self.groups, self.hyper = [], []
+        for g in param_groups:
+            self.groups.append(ShardedGroup(sorted(g["params"], key=lambda p: -registration[id(p)]), ws))
+            self.hyper.append({k: v for k, v in g.items() if k != "params"})
+        self.where = {id(p): (gi, i) for gi, fg in enumerate(self.groups) for i, p in enumerate(fg.params)}
+        self.shards = [fg.build_shard(rank, compute_dtype, device) for fg in self.groups]
+        self.masters = []
+        for shard in self.shards:
+            master = torch.nn.Parameter(shard.float() if self.mixed else shard)
+            master.grad = torch.zeros_like(master, dtype=torch.float32)
+            self.masters.append(master)
+        persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
+                      if n < persistence_threshold}
+        self.gatherer = Gatherer(self.groups, self.shards, comm, persistent)
+        self.gatherer.whole = {id(p): p for fg in self.groups for p in fg.params}
+        self.gatherer.release_all(force=True)  # from here on a parameter is whole only in use
+        register_owner(self.where_params(), self)
+        self.in_backward = False
+        self._hooks = self._register_module_hooks(module)
+        backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
+        buckets = plan_buckets(self.groups, max(1, bucket_numel // ws), backward_pos)
+        self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
+                                       max_in_flight=2 if overlap_comm else 1)
+
+    # ---- gather / release around each module -------------------------------------------
+    def _register_module_hooks(self, module: torch.nn.Module) -> list:
+        handles = []
+        for m in module.modules():
+            own, params = {}, []
+            for p in m.parameters(recurse=False):
+                if id(p) in self.where:
+                    gi, i = self.where[id(p)]
+                    own.setdefault(gi, []).append(i)
+                    params.append(p)
+            if not own:
+                continue
+            gather = lambda *_, own=own: self.gatherer.gather(own)
+            handles.append(m.register_forward_pre_hook(gather))
+            handles.append(m.register_forward_hook(lambda *_, params=params: self._after_forward(params)))
+            handles.append(m.register_full_backward_pre_hook(gather))
+        return handles
+
+    def _after_forward(self, params: list) -> None:
+        if not self.in_backward:
+            self.gatherer.release(params)
+
+    # ---- backward ------------------------------------------------------------------------
+    def optimizer_groups(self) -> list[dict]:
+        return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
+
+    def begin_backward(self, boundary: bool) -> None:
+        self.in_backward = True
+        self.reducer.arm()
+
+    def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
+        fg, ws = self.groups[group], self.comm.world_size
+        b = self.reducer.buckets[buckets[0]]
+        if b.data is None:
+            b.data = torch.zeros(ws, b.end - b.start, dtype=self.compute_dtype, device=p.grad.device)
+        chunk, at = fg.numels[index], fg.offsets[index] - b.start
+        grad = p.grad.reshape(-1)
+        if grad.numel() != ws * chunk:
+            grad = F.pad(grad, (0, ws * chunk - grad.numel()))
+        b.data[:, at : at + chunk].copy_(grad.view(ws, chunk))
+        p.grad = None
+        self.gatherer.release([p])
+
+    def _launch(self, bucket: Bucket):
+        if bucket.data is None:
+            bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
+                                      dtype=self.compute_dtype, device=self.shards[bucket.group].device)
+        if self.prescale:
+            bucket.data.mul_(1.0 / self.comm.world_size)
+        elif self.predivide != 1.0:
+            bucket.data.mul_(1.0 / self.predivide)
+        bucket.out = torch.empty(bucket.end - bucket.start, dtype=self.compute_dtype, device=bucket.data.device)
+        return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
+
+    def _land(self, bucket: Bucket) -> None:
+        post = 1.0 if self.prescale else self.predivide / self.comm.world_size
+        self.masters[bucket.group].grad[bucket.start : bucket.end].add_(bucket.out, alpha=post)
+        bucket.out = None
+
+    def end_backward(self) -> None:
+        self.reducer.finish()
+        self.in_backward = False
+        self.gatherer.release_all()
+
+    # ---- step ----------------------------------------------------------------------------
+    def grad_norm(self, loss_scale: float = 1.0) -> float:
+        return sharded_grad_norm([m.grad for m in self.masters], self.comm, loss_scale)
+
+    def prepare_step(self, coef: float) -> None:
+        if coef != 1.0:
+            torch._foreach_mul_([m.grad for m in self.masters], coef)
+
+    def after_step(self) -> None:
+        if self.mixed:
+            for shard, master in zip(self.shards, self.masters):
+                shard.copy_(master.detach())
+        self.gatherer.release_all(force=True)  # persistent params must be gathered fresh
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        torch._foreach_zero_([m.grad for m in self.masters])
+
+    # ---- whole access ----------------------------------------------------------------------
+    def where_params(self) -> list:
+        return [p for fg in self.groups for p in fg.params]
+
+    def write_back(self, own: dict[int, list[int]], src: int) -> None:
+        """After a modification under GatheredParameters: rank `src`'s whole values become
+        every rank's chunk (and fp32 master)."""
+        ws, rank = self.comm.world_size, self.comm.rank
+        for gi, indices in own.items():
+            fg = self.groups[gi]
+            for i in indices:
+                p = fg.params[i]
+                self.comm.broadcast(p.data, src=src)
+                chunk, at = fg.numels[i], fg.offsets[i]
+                flat = F.pad(p.data.reshape(-1), (0, ws * chunk - fg.full_numels[i]))
+                self.shards[gi][at : at + chunk].copy_(flat[rank * chunk : (rank + 1) * chunk])
+                if self.mixed:
+                    self.masters[gi].data[at : at + chunk].copy_(self.shards[gi][at : at + chunk])
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict:
+        """The module's state dict with every parameter whole (a collective: all ranks call)."""
+        with GatheredParameters(self.where_params()):
+            return {k: v.clone() for k, v in module.state_dict().items()}
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def sharded_param_ids(self) -> set[int]:
+        return set(self.where)
+
+    def state_dict(self) -> dict:
+        state = {"shards": [s.clone() for s in self.shards]}
+        if self.mixed:
+            state["masters"] = [m.detach().clone() for m in self.masters]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for i, shard in enumerate(self.shards):
+            if "shards" in state:
+                shard.copy_(state["shards"][i])
+            if self.mixed:
+                self.masters[i].data.copy_(state["masters"][i] if "masters" in state else shard)
+        self.gatherer.release_all(force=True)
