@@ -1,37 +1,33 @@
-"""The `zerotrain` command: one function per subcommand, listed in COMMANDS."""
+"""The `zerotrain` command. Each subcommand lives in its own module, which provides
+`add_arguments(parser)` and `run(args) -> int`; this table is the whole dispatcher."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from .errors import CheckpointError, ConfigError, DataError
 
-
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import launch
-
-    return launch(args.nproc_per_node, args.steps)
-
-
+# name -> (module implementing it, one-line help)
 COMMANDS = {
-    "demo": (_demo, "train a small GPT on the Python standard library with 2 processes (no download)"),
+    "demo": ("zerotrain.demo", "train a small GPT on the Python standard library with 2 processes (no download)"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerotrain", description="ZeRO training engine for language models")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help=COMMANDS["demo"][1])
-    demo.add_argument("--nproc_per_node", type=int, default=2, help="processes to launch (default 2)")
-    demo.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    for name, (module, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(sub_parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command][0](args)
+        return importlib.import_module(COMMANDS[args.command][0]).run(args)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"zerotrain: error: {e}", file=sys.stderr)
         return 2

@@ -48,7 +48,7 @@ def unigram_perplexity(train: torch.Tensor, val: torch.Tensor) -> float:
     return math.exp(-logp[val].mean().item())
 
 
-def run(steps: int = 300) -> None:
+def train_demo(steps: int = 300) -> None:
     import zerotrain
     from zerotrain.models import GPT, GPTConfig
 
@@ -101,9 +101,18 @@ def launch(nproc: int = 2, steps: int = 300) -> int:
     return launch_module("zerotrain.demo", ["--steps", str(steps)], nproc)
 
 
+def add_arguments(parser) -> None:
+    parser.add_argument("--nproc_per_node", type=int, default=2, help="processes to launch (default 2)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+
+
+def run(args) -> int:
+    return launch(args.nproc_per_node, args.steps)
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
-    run(parser.parse_args().steps)
+    train_demo(parser.parse_args().steps)

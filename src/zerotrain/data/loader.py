@@ -30,7 +30,8 @@ class DistributedSampler(Sampler[int]):
         if self.drop_last:
             order = order[: len(order) - len(order) % ws]
         elif order and len(order) % ws:
-            order += order[: ws - len(order) % ws]  # pad by wrapping, as torch's sampler does
+            pad = ws - len(order) % ws  # pad by wrapping, as torch's sampler does
+            order += (order * -(-pad // len(order)))[:pad]
         return order[self.rank :: ws]
 
     def __len__(self) -> int:

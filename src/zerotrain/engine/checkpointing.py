@@ -56,6 +56,13 @@ def _sharded_names(engine) -> set[str]:
     return {name for name, p in engine.module.named_parameters(remove_duplicate=False) if id(p) in ids}
 
 
+def _param_names(module) -> dict[int, str]:
+    names = {}
+    for name, p in module.named_parameters():
+        names.setdefault(id(p), name)
+    return names
+
+
 def _load_module(engine, state: dict, strict: bool) -> None:
     sharded = _sharded_names(engine)
     missing, unexpected = engine.module.load_state_dict(state, strict=False)
@@ -83,6 +90,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
                 "features": {f.name: f.state_dict() for f in engine.features},
                 "zero_stage": getattr(engine.strategy, "stage", 0),
+                "layout": engine.strategy.layout(_param_names(engine.module)),
                 "world_size": comm.world_size,
                 "client_state": client_state,
             })

@@ -53,6 +53,8 @@ class DataParallel:
         self.grad_buffers = self._make_grad_buffers(device)
         self._grad_views = [fg.bind_grads(buf) for fg, buf in zip(self.groups, self.grad_buffers)]
         self.masters = self._make_masters()
+        # kept apart from .grad: a user's optimizer.zero_grad() may set master.grad to None
+        self.master_grads = [m.grad for m in self.masters]
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
         buckets = plan_buckets(self.groups, bucket_numel, backward_pos, self.split_buckets_at_shards)
         self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
@@ -125,13 +127,12 @@ class DataParallel:
 
     def prepare_step(self, coef: float) -> None:
         """Bring gradients into the master grads, multiplied by coef (unscale x clip)."""
-        grads = self._step_grads()
-        master_grads = [m.grad for m in self.masters]
+        for master, grad in zip(self.masters, self.master_grads):
+            master.grad = grad
         if self.mixed:
-            for master_grad, g in zip(master_grads, grads):
-                master_grad.copy_(g)
+            torch._foreach_copy_(self.master_grads, self._step_grads())
         if coef != 1.0:
-            torch._foreach_mul_(master_grads, coef)
+            torch._foreach_mul_(self.master_grads, coef)
 
     def after_step(self) -> None:
         if self.mixed:
@@ -142,7 +143,22 @@ class DataParallel:
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.grad_buffers)
 
+    # ---- accounting ----------------------------------------------------------------------
+    def memory_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(category, tensor) for everything this strategy holds; aliases are removed by
+        whoever sums them (engine.memory_breakdown counts each storage once)."""
+        return ([("params", b) for b in self.model_buffers] + [("grads", g) for g in self.grad_buffers]
+                + [("grads", g) for g in self.master_grads] + [("master_params", m) for m in self.masters])
+
     # ---- checkpoints ---------------------------------------------------------------------
+    def layout(self, names: dict[int, str]) -> dict:
+        """Where each parameter sits in the saved shards, so `zerotrain consolidate` can put
+        whole fp32 weights back together from any stage."""
+        return {"scheme": "flat", "stage": self.stage, "world_size": self.comm.world_size, "groups": [
+            {"names": [names[id(p)] for p in fg.params], "shapes": [list(s) for s in fg.shapes],
+             "offsets": fg.offsets, "numels": fg.numels, "shard_numel": fg.shard_numel}
+            for fg in self.groups]}
+
     def state_dict(self) -> dict:
         """This rank's share of what the module state dict does not hold (fp32 masters)."""
         return {"masters": [m.detach().clone() for m in self.masters]} if self.mixed else {}

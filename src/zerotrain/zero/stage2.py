@@ -61,15 +61,17 @@ class ShardedGradients(ShardedOptimizer):
         if bucket.owner != self.comm.rank:
             return
         first = self.comm.rank * self.groups[bucket.group].shard_numel
-        acc = self.masters[bucket.group].grad[bucket.start - first : bucket.end - first]
+        acc = self.master_grads[bucket.group][bucket.start - first : bucket.end - first]
         acc.add_(bucket.data, alpha=self._postscale_factor())
 
     def _step_grads(self) -> list[torch.Tensor]:
-        return [m.grad for m in self.masters]
+        return self.master_grads
 
     def prepare_step(self, coef: float) -> None:
+        for master, grad in zip(self.masters, self.master_grads):
+            master.grad = grad
         if coef != 1.0:
-            torch._foreach_mul_([m.grad for m in self.masters], coef)
+            torch._foreach_mul_(self.master_grads, coef)
 
     def zero_grad(self) -> None:
-        torch._foreach_zero_([m.grad for m in self.masters])
+        torch._foreach_zero_(self.master_grads)

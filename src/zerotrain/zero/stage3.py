@@ -54,6 +54,7 @@ class ShardedParameters:
             master = torch.nn.Parameter(shard.float() if self.mixed else shard)
             master.grad = torch.zeros_like(master, dtype=torch.float32)
             self.masters.append(master)
+        self.master_grads = [m.grad for m in self.masters]  # survives optimizer.zero_grad()
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
         self.gatherer = Gatherer(self.groups, self.shards, comm, persistent)
@@ -123,7 +124,7 @@ class ShardedParameters:
 
     def _land(self, bucket: Bucket) -> None:
         post = 1.0 if self.prescale else self.predivide / self.comm.world_size
-        self.masters[bucket.group].grad[bucket.start : bucket.end].add_(bucket.out, alpha=post)
+        self.master_grads[bucket.group][bucket.start : bucket.end].add_(bucket.out, alpha=post)
         bucket.out = None
 
     def end_backward(self) -> None:
@@ -133,11 +134,13 @@ class ShardedParameters:
 
     # ---- step ----------------------------------------------------------------------------
     def grad_norm(self, loss_scale: float = 1.0) -> float:
-        return sharded_grad_norm([m.grad for m in self.masters], self.comm, loss_scale)
+        return sharded_grad_norm(self.master_grads, self.comm, loss_scale)
 
     def prepare_step(self, coef: float) -> None:
+        for master, grad in zip(self.masters, self.master_grads):
+            master.grad = grad
         if coef != 1.0:
-            torch._foreach_mul_([m.grad for m in self.masters], coef)
+            torch._foreach_mul_(self.master_grads, coef)
 
     def after_step(self) -> None:
         if self.mixed:
@@ -147,7 +150,7 @@ class ShardedParameters:
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        torch._foreach_zero_([m.grad for m in self.masters])
+        torch._foreach_zero_(self.master_grads)
 
     # ---- whole access ----------------------------------------------------------------------
     def where_params(self) -> list:
@@ -176,6 +179,20 @@ class ShardedParameters:
     # ---- checkpoints ---------------------------------------------------------------------
     def sharded_param_ids(self) -> set[int]:
         return set(self.where)
+
+    def memory_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        whole = [p.data for p in self.gatherer.whole.values()]
+        return ([("params", s) for s in self.shards] + [("params", w) for w in whole]
+                + [("grads", g) for g in self.master_grads] + [("master_params", m) for m in self.masters])
+
+    def layout(self, names: dict[int, str]) -> dict:
+        """Chunked layout: parameter i of a group is rank r's [offsets[i], offsets[i] + numels[i])
+        for r = 0..N-1 concatenated, cut to full_numels[i]."""
+        return {"scheme": "chunked", "stage": 3, "world_size": self.comm.world_size, "groups": [
+            {"names": [names[id(p)] for p in fg.params], "shapes": [list(s) for s in fg.shapes],
+             "offsets": fg.offsets, "numels": fg.numels, "full_numels": fg.full_numels,
+             "shard_numel": fg.shard_numel}
+            for fg in self.groups]}
 
     def state_dict(self) -> dict:
         state = {"shards": [s.clone() for s in self.shards]}

@@ -1,0 +1,96 @@
+"""Structure rules for src/zerotrain: one module talks to torch.distributed, modules stay small."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "zerotrain"
+COMM = PACKAGE / "dist" / "comm.py"
+MAX_LINES = 450
+
+
+def modules() -> list[Path]:
+    found = sorted(PACKAGE.rglob("*.py"))
+    assert COMM in found and len(found) > 10, f"unexpected package layout under {PACKAGE}"
+    return found
+
+
+def _is_dist(name: str | None) -> bool:
+    return name is not None and (name == "torch.distributed" or name.startswith("torch.distributed."))
+
+
+def distributed_uses(source: str, filename: str = "<src>") -> list[str]:
+    """`line: text` for each import of torch.distributed, in any spelling, anywhere in the file
+    (module level, inside functions, under `if TYPE_CHECKING`), plus `torch.distributed.x`
+    reached as an attribute of a plain `import torch`."""
+    tree = ast.parse(source, filename)
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            hits += [f"{node.lineno}: import {a.name}" for a in node.names if _is_dist(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            if _is_dist(node.module):
+                hits.append(f"{node.lineno}: from {node.module} import ...")
+            elif node.module == "torch" and any(a.name == "distributed" for a in node.names):
+                hits.append(f"{node.lineno}: from torch import distributed")
+        elif isinstance(node, ast.Attribute) and node.attr == "distributed" \
+                and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            hits.append(f"{node.lineno}: torch.distributed")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"torch\.distributed(\.\w+)*", node.value):
+            hits.append(f"{node.lineno}: '{node.value}' (dynamic import?)")
+    return hits
+
+
+@pytest.mark.parametrize("snippet", [
+    "import torch.distributed",
+    "import torch.distributed as dist",
+    "import torch.distributed.rpc",
+    "from torch.distributed import all_reduce",
+    "from torch.distributed.fsdp import FullyShardedDataParallel",
+    "from torch import distributed",
+    "from torch import nn, distributed as d",
+    "def f():\n    from torch.distributed.run import main\n",
+    "import torch\nx = torch.distributed.is_initialized()",
+    "import importlib\nm = importlib.import_module('torch.distributed')",
+])
+def test_detector_sees_every_spelling(snippet):
+    assert distributed_uses(snippet)
+
+
+@pytest.mark.parametrize("snippet", [
+    "import torch",
+    "from torch import nn",
+    "import torch.distributions",
+    "from torch.distributions import Normal",
+    "from .dist import Comm",
+    "'''talks to torch.distributed (see comm.py)'''",  # prose may name it
+    "'''torch.distributed.run starts the ranks'''",
+])
+def test_detector_ignores_other_imports(snippet):
+    assert distributed_uses(snippet) == []
+
+
+def test_only_the_dist_package_imports_torch_distributed():
+    """Collectives go through dist/comm.py; the torchrun launcher (dist/launch.py) is the
+    only other piece of the communication layer."""
+    offenders = {}
+    for path in modules():
+        if path.parent == COMM.parent:
+            continue
+        hits = distributed_uses(path.read_text(encoding="utf-8"), str(path))
+        if hits:
+            offenders[str(path.relative_to(PACKAGE.parent))] = hits
+    assert not offenders, ("torch.distributed is used outside zerotrain/dist/; route it "
+                           f"through Comm: {offenders}")
+    assert distributed_uses(COMM.read_text(encoding="utf-8"))  # and comm.py really is the one
+
+
+def test_modules_stay_small():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in modules()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines; split them: {long}"
