@@ -71,3 +71,50 @@ def test_checkpoint_resume_gives_identical_losses(world2, tmp_path, stage):
     for f, r in zip(full, resumed):
         assert r["losses"] == f["losses"][3:]
         assert_params_close(r["params"], f["params"], rtol=0)
+
+
+def live_parameter_peak(max_live: int, prefetch: int) -> dict:
+    """Train 3 steps at stage 3 (nothing persistent) and report the live-parameter peak."""
+    import torch
+
+    import zerotrain
+    from scenarios import global_batch, rank_and_world, tiny_gpt
+
+    rank, _ = rank_and_world()
+    model = tiny_gpt()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=zero_config(3, 2, zero={
+        "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": max_live,
+        "stage3_prefetch_bucket_size": prefetch}))
+    for step in range(3):
+        x = global_batch(step, 4)[rank * 2 : rank * 2 + 2]
+        engine.backward(engine(x, labels=x))
+        engine.step()
+    strategy = engine.strategy
+    module_sizes = [sum(strategy.gatherer.numel_of[id(p)] for p in ps) for ps in strategy.owner_params]
+    owners_of = {}
+    for ps in strategy.owner_params:
+        for p in ps:
+            owners_of[id(p)] = owners_of.get(id(p), 0) + 1
+    tied = sum(n for pid, n in strategy.gatherer.numel_of.items() if owners_of.get(pid, 0) > 1)
+    with torch.no_grad():
+        whole_now = sum(p.numel() for p in model.parameters())
+    return {"peak": strategy.gatherer.peak_live_numel, "largest_module": max(module_sizes), "tied": tied,
+            "total": sum(module_sizes), "live_after_step": strategy.gatherer.live_numel, "numel_now": whole_now}
+
+
+@pytest.mark.parametrize("max_live", [1_000, 5_000])
+def test_stage3_live_parameters_stay_within_the_budget(world2, max_live):
+    for r in world2.run(live_parameter_peak, max_live, 10**9):
+        # budget + the module being run; a tied parameter (the GPT's embedding, shared with
+        # the output layer) is held from its first use in backward until its last gradient
+        assert r["tied"] > 0
+        assert r["peak"] <= max_live + r["largest_module"] + r["tied"]
+        assert r["peak"] < r["total"]  # never the whole model at once
+        assert r["live_after_step"] == 0 and r["numel_now"] == 0  # released between steps
+
+
+def test_stage3_prefetch_gathers_ahead(world2):
+    """With a generous budget, modules that come next are gathered before they run."""
+    lone = world2.run(live_parameter_peak, 10**9, 0)[0]
+    ahead = world2.run(live_parameter_peak, 10**9, 10**9)[0]
+    assert ahead["peak"] > lone["peak"]

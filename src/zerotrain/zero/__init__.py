@@ -27,5 +27,6 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     kwargs = dict(bucket_numel=bucket_numel or DEFAULT_BUCKET_NUMEL, prescale_gradients=prescale_gradients,
                   gradient_predivide_factor=gradient_predivide_factor, overlap_comm=overlap_comm)
     if zero.stage == 3:
-        kwargs.update(module=module, persistence_threshold=int(zero.param_persistence_threshold))
+        kwargs.update(module=module, persistence_threshold=int(zero.param_persistence_threshold),
+                      prefetch_numel=int(zero.prefetch_bucket_size), max_live_numel=int(zero.max_live_parameters))
     return STRATEGIES[zero.stage](param_groups, registration, comm, compute_dtype, device, **kwargs)

@@ -55,8 +55,21 @@ class ShardedGroup:
         return out
 
 
+class _Pending:
+    """All-gathers launched for one set of parameters, not yet copied out."""
+
+    def __init__(self):
+        self.runs = []  # (group index, param indices, gathered buffer, work handle)
+
+
 class Gatherer:
-    """Brings parameters back whole (all-gather + copy-out) and releases them again."""
+    """Brings parameters back whole (all-gather + copy-out) and releases them again.
+
+    `start` launches the all-gathers asynchronously (prefetch); `gather` finishes whatever is
+    in flight for the given parameters and fetches the rest. `live_numel` counts elements of
+    whole (or arriving) parameters; its high-water mark is what stage3_max_live_parameters
+    bounds.
+    """
 
     def __init__(self, groups: list[ShardedGroup], shards: list[torch.Tensor], comm, persistent: set[int]):
         self.groups = groups
@@ -64,38 +77,76 @@ class Gatherer:
         self.comm = comm
         self.persistent = persistent  # ids of params kept whole once gathered
         self.whole: dict[int, torch.nn.Parameter] = {}  # id -> param, for params now whole
-        self._numel = {id(p): n for g in groups for p, n in zip(g.params, g.full_numels)}
+        self.in_flight: dict[int, _Pending] = {}
+        self.numel_of = {id(p): n for g in groups for p, n in zip(g.params, g.full_numels)}
         self.live_numel = 0
         self.peak_live_numel = 0
         self._empty = torch.empty(0, dtype=shards[0].dtype, device=shards[0].device) if shards else None
 
-    def gather(self, params_by_group: dict[int, list[int]]) -> None:
+    def missing_numel(self, own: dict[int, list[int]]) -> int:
+        return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
+                   if id(self.groups[gi].params[i]) not in self.whole
+                   and id(self.groups[gi].params[i]) not in self.in_flight)
+
+    def start(self, own: dict[int, list[int]]) -> _Pending:
+        pending = _Pending()
         ws = self.comm.world_size
-        for gi, indices in params_by_group.items():
-            group = self.groups[gi]
-            missing = [i for i in indices if id(group.params[i]) not in self.whole]
-            for lo, hi, run in group.runs(missing):
-                length = hi - lo
-                gathered = torch.empty(ws * length, dtype=self.shards[gi].dtype, device=self.shards[gi].device)
-                self.comm.all_gather(gathered, self.shards[gi][lo:hi])
-                sizes = [group.numels[i] for i in run]
-                whole = torch.empty_like(gathered)
-                blocks = list(whole.split([ws * c for c in sizes]))
-                torch.split_with_sizes_copy(gathered.view(ws, length), sizes, dim=1,
-                                            out=[b.view(ws, c) for b, c in zip(blocks, sizes)])
-                for i, block in zip(run, blocks):
-                    p = group.params[i]
-                    p.data = block[: group.full_numels[i]].view(group.shapes[i])
-                    self.whole[id(p)] = p
+        for gi, indices in own.items():
+            group, shard = self.groups[gi], self.shards[gi]
+            todo = [i for i in indices if id(group.params[i]) not in self.whole
+                    and id(group.params[i]) not in self.in_flight]
+            for lo, hi, run in group.runs(todo):
+                gathered = torch.empty(ws * (hi - lo), dtype=shard.dtype, device=shard.device)
+                work = self.comm.all_gather(gathered, shard[lo:hi], async_op=True)
+                pending.runs.append((gi, run, gathered, work))
+                for i in run:
+                    self.in_flight[id(group.params[i])] = pending
                     self.live_numel += group.full_numels[i]
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        return pending
+
+    def finish(self, pending: _Pending) -> None:
+        ws = self.comm.world_size
+        for gi, run, gathered, work in pending.runs:
+            work.wait()
+            group = self.groups[gi]
+            sizes = [group.numels[i] for i in run]
+            whole = torch.empty_like(gathered)
+            blocks = list(whole.split([ws * c for c in sizes]))
+            torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
+                                        out=[b.view(ws, c) for b, c in zip(blocks, sizes)])
+            for i, block in zip(run, blocks):
+                p = group.params[i]
+                p.data = block[: group.full_numels[i]].view(group.shapes[i])
+                self.whole[id(p)] = p
+                del self.in_flight[id(p)]
+        pending.runs = []
+
+    def gather(self, own: dict[int, list[int]]) -> None:
+        """Make the given parameters whole now (waiting for any prefetch of them)."""
+        for gi, indices in own.items():
+            for i in indices:
+                pending = self.in_flight.get(id(self.groups[gi].params[i]))
+                if pending is not None:
+                    self.finish(pending)
+        self.finish(self.start(own))
+
+    def drain(self) -> None:
+        """Finish every prefetch still in flight (unused prefetches become whole params)."""
+        for pending in list({id(p): p for p in self.in_flight.values()}.values()):
+            self.finish(pending)
 
     def release(self, params, force: bool = False) -> None:
         for p in params:
             if id(p) in self.whole and (force or id(p) not in self.persistent):
                 p.data = self._empty
                 del self.whole[id(p)]
-                self.live_numel -= self._numel[id(p)]
+                self.live_numel -= self.numel_of[id(p)]
 
-    def release_all(self, force: bool = False) -> None:
+    def release_all(self, force: bool = False, also=()) -> None:
+        """Release every whole parameter (and `also`: params that are whole without having
+        been gathered, as all are when the strategy takes the model over)."""
+        self.drain()
+        for p in also:
+            p.data = self._empty
         self.release(list(self.whole.values()), force=force)

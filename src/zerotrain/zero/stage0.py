@@ -79,7 +79,10 @@ class DataParallel:
     def optimizer_groups(self) -> list[dict]:
         return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
 
-    # ---- backward ------------------------------------------------------------------------
+    # ---- forward / backward ----------------------------------------------------------------
+    def begin_forward(self) -> None:
+        """Nothing to prepare: every parameter is whole at stages 0-2."""
+
     def begin_backward(self, boundary: bool) -> None:
         if boundary and not self.comm.alone:
             self.reducer.arm()

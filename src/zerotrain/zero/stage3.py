@@ -36,7 +36,8 @@ class ShardedParameters:
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm, compute_dtype, device,
                  *, module: torch.nn.Module, bucket_numel: int, prescale_gradients: bool = False,
                  gradient_predivide_factor: float = 1.0, overlap_comm: bool = True,
-                 persistence_threshold: int = 100_000):
+                 persistence_threshold: int = 100_000, prefetch_numel: int = 50_000_000,
+                 max_live_numel: int = 1_000_000_000):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.mixed = compute_dtype != torch.float32
@@ -58,10 +59,15 @@ class ShardedParameters:
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
         self.gatherer = Gatherer(self.groups, self.shards, comm, persistent)
-        self.gatherer.whole = {id(p): p for fg in self.groups for p in fg.params}
-        self.gatherer.release_all(force=True)  # from here on a parameter is whole only in use
+        self.gatherer.release_all(force=True, also=self.where_params())  # whole only while in use
         register_owner(self.where_params(), self)
         self.in_backward = False
+        self.prefetch_numel = prefetch_numel
+        self.max_live_numel = max_live_numel
+        self.owners: list[dict[int, list[int]]] = []  # per module that owns params: {group: [index]}
+        self.owner_params: list[list] = []
+        self._traces = {False: [], True: []}  # last pass's module order (forward, backward)
+        self._now = {False: [], True: []}
         self._hooks = self._register_module_hooks(module)
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
         buckets = plan_buckets(self.groups, max(1, bucket_numel // ws), backward_pos)
@@ -80,15 +86,48 @@ class ShardedParameters:
                     params.append(p)
             if not own:
                 continue
-            gather = lambda *_, own=own: self.gatherer.gather(own)
-            handles.append(m.register_forward_pre_hook(gather))
-            handles.append(m.register_forward_hook(lambda *_, params=params: self._after_forward(params)))
-            handles.append(m.register_full_backward_pre_hook(gather))
+            k = len(self.owners)
+            self.owners.append(own)
+            self.owner_params.append(params)
+            handles += [
+                m.register_forward_pre_hook(lambda *_, k=k: self._before(k, backward=False)),
+                m.register_forward_hook(lambda *_, k=k: self._after_forward(k)),
+                m.register_full_backward_pre_hook(lambda *_, k=k: self._before(k, backward=True)),
+            ]
+            # No release after a module's backward: autograd accumulates a parameter's gradient
+            # after that hook, and accumulating needs the parameter whole; _on_grad releases it.
         return handles
 
-    def _after_forward(self, params: list) -> None:
-        if not self.in_backward:
-            self.gatherer.release(params)
+    def _new_pass(self, backward: bool) -> None:
+        if self._now[backward]:
+            self._traces[backward] = self._now[backward]
+        self._now[backward] = []
+
+    def _before(self, k: int, backward: bool) -> None:
+        """Gather module k, then prefetch the modules the last pass ran next, within the
+        prefetch bucket and the live-parameter budget. Every rank runs the same modules in
+        the same order, so the prefetch collectives line up across ranks."""
+        position = len(self._now[backward])
+        self._now[backward].append(k)
+        self.gatherer.gather(self.owners[k])
+        trace = self._traces[backward]
+        if not self.prefetch_numel or position >= len(trace) or trace[position] != k:
+            return
+        budget = self.prefetch_numel
+        for following in trace[position + 1 :]:
+            need = self.gatherer.missing_numel(self.owners[following])
+            if need > budget or self.gatherer.live_numel + need > self.max_live_numel:
+                break
+            if need:
+                self.gatherer.start(self.owners[following])
+                budget -= need
+
+    def _after_forward(self, k: int) -> None:
+        if not self.in_backward:  # activation-checkpoint recomputation keeps them for backward
+            self.gatherer.release(self.owner_params[k])
+
+    def begin_forward(self) -> None:
+        self._new_pass(backward=False)
 
     # ---- backward ------------------------------------------------------------------------
     def optimizer_groups(self) -> list[dict]:
@@ -96,6 +135,7 @@ class ShardedParameters:
 
     def begin_backward(self, boundary: bool) -> None:
         self.in_backward = True
+        self._new_pass(backward=True)
         self.reducer.arm()
 
     def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
