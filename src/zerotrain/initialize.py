@@ -109,9 +109,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               overlap_comm=_overlap_comm(cfg))
 
     if optimizer is not None:
-        torch_optimizer = adapt_client_optimizer(optimizer, strategy.optimizer_groups())
+        torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))
     elif cfg.optimizer is not None:
-        torch_optimizer = build_optimizer(cfg.optimizer.type, cfg.optimizer.params, strategy.optimizer_groups())
+        torch_optimizer = strategy.build_optimizer(
+            lambda groups: build_optimizer(cfg.optimizer.type, cfg.optimizer.params, groups))
     else:
         torch_optimizer = None
 

@@ -74,5 +74,6 @@ def train(config: dict, steps: int, global_batch_size: int, poison: dict | None 
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
     params = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+    engine.destroy()
     return {"params": params, "losses": losses, "norms": norms, "lrs": lrs,
             "skipped": engine.skipped_steps, "loss_scale": engine.loss_scale}

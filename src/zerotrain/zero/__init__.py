@@ -24,9 +24,17 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     if zero.stage not in STRATEGIES:
         raise ConfigError(f"zero_optimization.stage: stage {zero.stage} is not available "
                           f"(available: {sorted(STRATEGIES)})")
+    offload = zero.offload_optimizer
+    if offload is not None and offload.device != "none" and zero.stage == 0:
+        raise ConfigError("zero_optimization.offload_optimizer: offloading needs ZeRO stage 1, 2 or 3; "
+                          "set \"stage\" to 1 or more, or remove offload_optimizer")
+    if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage != 3:
+        raise ConfigError("zero_optimization.offload_param: parameter offload needs ZeRO stage 3; "
+                          "set \"stage\": 3 or remove offload_param")
     kwargs = dict(bucket_numel=bucket_numel or DEFAULT_BUCKET_NUMEL, prescale_gradients=prescale_gradients,
-                  gradient_predivide_factor=gradient_predivide_factor, overlap_comm=overlap_comm)
+                  gradient_predivide_factor=gradient_predivide_factor, overlap_comm=overlap_comm,
+                  offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size))
     if zero.stage == 3:
-        kwargs.update(module=module, persistence_threshold=int(zero.param_persistence_threshold),
+        kwargs.update(module=module, offload_param=zero.offload_param, persistence_threshold=int(zero.param_persistence_threshold),
                       prefetch_numel=int(zero.prefetch_bucket_size), max_live_numel=int(zero.max_live_parameters))
     return STRATEGIES[zero.stage](param_groups, registration, comm, compute_dtype, device, **kwargs)

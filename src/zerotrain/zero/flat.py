@@ -38,20 +38,19 @@ class FlatGroup:
         self.world_size = world_size
         self.shard_numel = self.padded_numel // world_size
 
-    def new_buffer(self, dtype: torch.dtype, device, fill_from_params: bool = False) -> torch.Tensor:
-        buffer = torch.zeros(self.padded_numel, dtype=dtype, device=device)
-        if fill_from_params and self.params:
-            torch.cat([p.detach().reshape(-1).to(dtype) for p in self.params],
-                      out=buffer[: self.numel])
-        return buffer
+    def new_buffer(self, dtype: torch.dtype, device) -> torch.Tensor:
+        return torch.zeros(self.padded_numel, dtype=dtype, device=device)
 
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """Per-parameter views of `buffer`, shaped like the parameters."""
         return [buffer[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
 
-    def bind_params(self, buffer: torch.Tensor) -> None:
-        """Make every parameter's storage a view into `buffer` (init only)."""
+    def move_params_into(self, buffer: torch.Tensor) -> None:
+        """Copy every parameter into `buffer` and make its storage a view of it (init only).
+        One parameter at a time, so each old storage is freed as soon as it is copied and the
+        model never exists twice in memory."""
         for p, view in zip(self.params, self.views(buffer)):
+            view.copy_(p.detach().reshape(view.shape))
             p.data = view
 
     def bind_grads(self, buffer: torch.Tensor) -> list[torch.Tensor]:

@@ -71,9 +71,9 @@ class Gatherer:
     bounds.
     """
 
-    def __init__(self, groups: list[ShardedGroup], shards: list[torch.Tensor], comm, persistent: set[int]):
+    def __init__(self, groups: list[ShardedGroup], stores: list, comm, persistent: set[int], device, dtype):
         self.groups = groups
-        self.shards = shards
+        self.stores = stores  # param_store.ParamStore per group
         self.comm = comm
         self.persistent = persistent  # ids of params kept whole once gathered
         self.whole: dict[int, torch.nn.Parameter] = {}  # id -> param, for params now whole
@@ -81,7 +81,8 @@ class Gatherer:
         self.numel_of = {id(p): n for g in groups for p, n in zip(g.params, g.full_numels)}
         self.live_numel = 0
         self.peak_live_numel = 0
-        self._empty = torch.empty(0, dtype=shards[0].dtype, device=shards[0].device) if shards else None
+        self.device, self.dtype = device, dtype
+        self._empty = torch.empty(0, dtype=dtype, device=device)
 
     def missing_numel(self, own: dict[int, list[int]]) -> int:
         return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
@@ -92,12 +93,12 @@ class Gatherer:
         pending = _Pending()
         ws = self.comm.world_size
         for gi, indices in own.items():
-            group, shard = self.groups[gi], self.shards[gi]
+            group, store = self.groups[gi], self.stores[gi]
             todo = [i for i in indices if id(group.params[i]) not in self.whole
                     and id(group.params[i]) not in self.in_flight]
             for lo, hi, run in group.runs(todo):
-                gathered = torch.empty(ws * (hi - lo), dtype=shard.dtype, device=shard.device)
-                work = self.comm.all_gather(gathered, shard[lo:hi], async_op=True)
+                gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
+                work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
                 pending.runs.append((gi, run, gathered, work))
                 for i in run:
                     self.in_flight[id(group.params[i])] = pending

@@ -20,6 +20,7 @@ import torch
 from ..dist import Comm
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup
+from .offload_plan import OptimizerOffload
 
 # DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
 # overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
@@ -33,10 +34,15 @@ class DataParallel:
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm: Comm,
                  compute_dtype: torch.dtype, device, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
                  prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
-                 overlap_comm: bool = True):
+                 overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.mixed = compute_dtype != torch.float32
+        self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel)
+        # fp32 masters are separate tensors when the model computes in half precision or when
+        # they live on another device (offloaded from a GPU); otherwise they are the model's
+        # own buffer
+        self.separate_masters = self.mixed or self.offload.master_device != torch.device(device)
         self.prescale = prescale_gradients
         self.predivide = float(gradient_predivide_factor)
         self.overlap_comm = overlap_comm
@@ -47,9 +53,9 @@ class DataParallel:
             params = sorted(g["params"], key=lambda p: -registration[id(p)])
             self.groups.append(FlatGroup(params, ws))
             self.hyper.append({k: v for k, v in g.items() if k != "params"})
-        self.model_buffers = [fg.new_buffer(compute_dtype, device, fill_from_params=True) for fg in self.groups]
+        self.model_buffers = [fg.new_buffer(compute_dtype, device) for fg in self.groups]
         for fg, buf in zip(self.groups, self.model_buffers):
-            fg.bind_params(buf)
+            fg.move_params_into(buf)
         self.grad_buffers = self._make_grad_buffers(device)
         self._grad_views = [fg.bind_grads(buf) for fg, buf in zip(self.groups, self.grad_buffers)]
         self.masters = self._make_masters()
@@ -67,14 +73,17 @@ class DataParallel:
     def _make_masters(self) -> list[torch.nn.Parameter]:
         masters = []
         for model_buf, grad_buf in zip(self.model_buffers, self.grad_buffers):
-            if self.mixed:
-                master = torch.nn.Parameter(model_buf.float())
-                master.grad = torch.zeros_like(master)
+            if self.separate_masters:
+                master = self.offload.new_master(model_buf)
             else:  # shares storage with the model: the step writes the model directly
                 master = torch.nn.Parameter(model_buf)
                 master.grad = grad_buf
             masters.append(master)
         return masters
+
+    def build_optimizer(self, build):
+        """`build(param_groups) -> torch optimizer`; offload may wrap it (state on NVMe)."""
+        return self.offload.build_optimizer(build, self.optimizer_groups())
 
     def optimizer_groups(self) -> list[dict]:
         return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
@@ -132,13 +141,13 @@ class DataParallel:
         """Bring gradients into the master grads, multiplied by coef (unscale x clip)."""
         for master, grad in zip(self.masters, self.master_grads):
             master.grad = grad
-        if self.mixed:
+        if self.separate_masters:
             torch._foreach_copy_(self.master_grads, self._step_grads())
         if coef != 1.0:
             torch._foreach_mul_(self.master_grads, coef)
 
     def after_step(self) -> None:
-        if self.mixed:
+        if self.separate_masters:
             for model_buf, master in zip(self.model_buffers, self.masters):
                 model_buf.copy_(master.detach())
         self.zero_grad()
@@ -147,11 +156,22 @@ class DataParallel:
         torch._foreach_zero_(self.grad_buffers)
 
     # ---- accounting ----------------------------------------------------------------------
-    def memory_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """(category, tensor) for everything this strategy holds; aliases are removed by
-        whoever sums them (engine.memory_breakdown counts each storage once)."""
-        return ([("params", b) for b in self.model_buffers] + [("grads", g) for g in self.grad_buffers]
-                + [("grads", g) for g in self.master_grads] + [("master_params", m) for m in self.masters])
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        """(category, place, tensor) for everything this strategy holds; aliases are removed
+        by whoever sums them (engine.memory_breakdown counts each storage once)."""
+        host = self.offload.place
+        return ([("params", "device", b) for b in self.model_buffers]
+                + [("grads", "device", g) for g in self.grad_buffers]
+                + [("grads", host, g) for g in self.master_grads]
+                + [("master_params", host, m) for m in self.masters])
+
+    def nvme_bytes(self) -> dict[str, int]:
+        return self.offload.nvme_bytes()
+
+    def close(self) -> None:
+        """Remove hooks and swap files (engine.destroy)."""
+        self.reducer.remove()
+        self.offload.close()
 
     # ---- checkpoints ---------------------------------------------------------------------
     def layout(self, names: dict[int, str]) -> dict:
@@ -164,11 +184,11 @@ class DataParallel:
 
     def state_dict(self) -> dict:
         """This rank's share of what the module state dict does not hold (fp32 masters)."""
-        return {"masters": [m.detach().clone() for m in self.masters]} if self.mixed else {}
+        return {"masters": [m.detach().clone() for m in self.masters]} if self.separate_masters else {}
 
     def load_state_dict(self, state: dict) -> None:
         """Call after the module's weights were loaded; masters come from `state` if saved."""
-        if not self.mixed:
+        if not self.separate_masters:
             return
         saved = state.get("masters")
         for i, (master, model_buf) in enumerate(zip(self.masters, self.model_buffers)):

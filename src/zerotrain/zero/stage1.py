@@ -38,9 +38,8 @@ class ShardedOptimizer(DataParallel):
         masters = []
         for gi, (model_buf, grad_buf) in enumerate(zip(self.model_buffers, self.grad_buffers)):
             shard = self._shard(model_buf, gi)
-            if self.mixed:
-                master = torch.nn.Parameter(shard.float())
-                master.grad = torch.zeros_like(master)
+            if self.separate_masters:
+                master = self.offload.new_master(shard)
             else:  # the slice of the model buffer itself: the step writes the model directly
                 master = torch.nn.Parameter(shard)
                 master.grad = self._shard(grad_buf, gi)
@@ -65,13 +64,13 @@ class ShardedOptimizer(DataParallel):
     def after_step(self) -> None:
         for gi, (model_buf, master) in enumerate(zip(self.model_buffers, self.masters)):
             shard = self._shard(model_buf, gi)
-            if self.mixed:
+            if self.separate_masters:
                 shard.copy_(master.detach())
             self.comm.all_gather(model_buf, shard)
         self.zero_grad()
 
     def load_state_dict(self, state: dict) -> None:
-        if not self.mixed:
+        if not self.separate_masters:
             return
         saved = state.get("masters")
         for gi, (master, model_buf) in enumerate(zip(self.masters, self.model_buffers)):

@@ -30,8 +30,11 @@ class ShardedGradients(ShardedOptimizer):
         masters = []
         for gi, model_buf in enumerate(self.model_buffers):
             shard = self._shard(model_buf, gi)
-            master = torch.nn.Parameter(shard.float() if self.mixed else shard)
-            master.grad = torch.zeros_like(master, dtype=torch.float32)
+            if self.separate_masters:
+                master = self.offload.new_master(shard)
+            else:
+                master = torch.nn.Parameter(shard)
+                master.grad = torch.zeros_like(shard)
             masters.append(master)
         return masters
 
@@ -62,7 +65,7 @@ class ShardedGradients(ShardedOptimizer):
             return
         first = self.comm.rank * self.groups[bucket.group].shard_numel
         acc = self.master_grads[bucket.group][bucket.start - first : bucket.end - first]
-        acc.add_(bucket.data, alpha=self._postscale_factor())
+        acc.add_(bucket.data.to(acc.device, non_blocking=True), alpha=self._postscale_factor())
 
     def _step_grads(self) -> list[torch.Tensor]:
         return self.master_grads

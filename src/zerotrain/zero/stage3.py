@@ -24,6 +24,9 @@ import torch.nn.functional as F
 
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .gather import Gatherer, ShardedGroup
+from .offload import rank_folder
+from .offload_plan import OptimizerOffload
+from .param_store import ParamStore
 from .gathered import GatheredParameters, register_owner
 from .stage1 import sharded_grad_norm
 
@@ -37,10 +40,16 @@ class ShardedParameters:
                  *, module: torch.nn.Module, bucket_numel: int, prescale_gradients: bool = False,
                  gradient_predivide_factor: float = 1.0, overlap_comm: bool = True,
                  persistence_threshold: int = 100_000, prefetch_numel: int = 50_000_000,
-                 max_live_numel: int = 1_000_000_000):
+                 max_live_numel: int = 1_000_000_000, offload_optimizer=None, offload_param=None,
+                 offload_block_numel: int = 1 << 22):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.mixed = compute_dtype != torch.float32
+        self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel)
+        param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
+        self.separate_masters = (self.mixed or param_kind == "nvme"
+                                 or self.offload.master_device != torch.device(device))
+        self.device = torch.device(device)
         self.prescale = prescale_gradients
         self.predivide = float(gradient_predivide_factor)
         ws, rank = comm.world_size, comm.rank
@@ -49,16 +58,23 @@ class ShardedParameters:
             self.groups.append(ShardedGroup(sorted(g["params"], key=lambda p: -registration[id(p)]), ws))
             self.hyper.append({k: v for k, v in g.items() if k != "params"})
         self.where = {id(p): (gi, i) for gi, fg in enumerate(self.groups) for i, p in enumerate(fg.params)}
-        self.shards = [fg.build_shard(rank, compute_dtype, device) for fg in self.groups]
-        self.masters = []
-        for shard in self.shards:
-            master = torch.nn.Parameter(shard.float() if self.mixed else shard)
-            master.grad = torch.zeros_like(master, dtype=torch.float32)
+        folder = rank_folder(offload_param.nvme_path, rank) if param_kind == "nvme" else None
+        pin = bool(getattr(offload_param, "pin_memory", False) and torch.cuda.is_available())
+        self.stores, self.masters = [], []
+        for gi, fg in enumerate(self.groups):
+            shard = fg.build_shard(rank, compute_dtype, device)
+            store = ParamStore(shard, param_kind, device, folder, f"params.group{gi}", pin)
+            if self.separate_masters:
+                master = self.offload.new_master(shard)
+            else:  # the shard itself: the step writes the parameters directly
+                master = torch.nn.Parameter(store.tensor)
+                master.grad = torch.zeros_like(store.tensor)
+            self.stores.append(store)
             self.masters.append(master)
         self.master_grads = [m.grad for m in self.masters]  # survives optimizer.zero_grad()
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
-        self.gatherer = Gatherer(self.groups, self.shards, comm, persistent)
+        self.gatherer = Gatherer(self.groups, self.stores, comm, persistent, self.device, compute_dtype)
         self.gatherer.release_all(force=True, also=self.where_params())  # whole only while in use
         register_owner(self.where_params(), self)
         self.in_backward = False
@@ -133,6 +149,9 @@ class ShardedParameters:
     def optimizer_groups(self) -> list[dict]:
         return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
 
+    def build_optimizer(self, build):
+        return self.offload.build_optimizer(build, self.optimizer_groups())
+
     def begin_backward(self, boundary: bool) -> None:
         self.in_backward = True
         self._new_pass(backward=True)
@@ -154,7 +173,7 @@ class ShardedParameters:
     def _launch(self, bucket: Bucket):
         if bucket.data is None:
             bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
-                                      dtype=self.compute_dtype, device=self.shards[bucket.group].device)
+                                      dtype=self.compute_dtype, device=self.device)
         if self.prescale:
             bucket.data.mul_(1.0 / self.comm.world_size)
         elif self.predivide != 1.0:
@@ -164,7 +183,8 @@ class ShardedParameters:
 
     def _land(self, bucket: Bucket) -> None:
         post = 1.0 if self.prescale else self.predivide / self.comm.world_size
-        self.master_grads[bucket.group][bucket.start : bucket.end].add_(bucket.out, alpha=post)
+        acc = self.master_grads[bucket.group][bucket.start : bucket.end]
+        acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
         bucket.out = None
 
     def end_backward(self) -> None:
@@ -183,9 +203,9 @@ class ShardedParameters:
             torch._foreach_mul_(self.master_grads, coef)
 
     def after_step(self) -> None:
-        if self.mixed:
-            for shard, master in zip(self.shards, self.masters):
-                shard.copy_(master.detach())
+        if self.separate_masters:
+            for store, master in zip(self.stores, self.masters):
+                store.write(0, master.detach())
         self.gatherer.release_all(force=True)  # persistent params must be gathered fresh
         self.zero_grad()
 
@@ -207,9 +227,10 @@ class ShardedParameters:
                 self.comm.broadcast(p.data, src=src)
                 chunk, at = fg.numels[i], fg.offsets[i]
                 flat = F.pad(p.data.reshape(-1), (0, ws * chunk - fg.full_numels[i]))
-                self.shards[gi][at : at + chunk].copy_(flat[rank * chunk : (rank + 1) * chunk])
-                if self.mixed:
-                    self.masters[gi].data[at : at + chunk].copy_(self.shards[gi][at : at + chunk])
+                mine = flat[rank * chunk : (rank + 1) * chunk]
+                self.stores[gi].write(at, mine)
+                if self.separate_masters:
+                    self.masters[gi].data[at : at + chunk].copy_(mine)
 
     def full_state_dict(self, module: torch.nn.Module) -> dict:
         """The module's state dict with every parameter whole (a collective: all ranks call)."""
@@ -220,10 +241,25 @@ class ShardedParameters:
     def sharded_param_ids(self) -> set[int]:
         return set(self.where)
 
-    def memory_tensors(self) -> list[tuple[str, torch.Tensor]]:
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         whole = [p.data for p in self.gatherer.whole.values()]
-        return ([("params", s) for s in self.shards] + [("params", w) for w in whole]
-                + [("grads", g) for g in self.master_grads] + [("master_params", m) for m in self.masters])
+        host = self.offload.place
+        return ([("params", s.place, s.tensor) for s in self.stores if s.tensor is not None]
+                + [("params", "device", w) for w in whole]
+                + [("grads", host, g) for g in self.master_grads]
+                + [("master_params", host, m) for m in self.masters])
+
+    def nvme_bytes(self) -> dict[str, int]:
+        return dict(self.offload.nvme_bytes(), params=sum(s.nvme_bytes for s in self.stores))
+
+    def close(self) -> None:
+        """Remove hooks and swap files (engine.destroy). The parameters stay released."""
+        self.reducer.remove()
+        for handle in self._hooks:
+            handle.remove()
+        self.offload.close()
+        for store in self.stores:
+            store.close()
 
     def layout(self, names: dict[int, str]) -> dict:
         """Chunked layout: parameter i of a group is rank r's [offsets[i], offsets[i] + numels[i])
@@ -235,15 +271,15 @@ class ShardedParameters:
             for fg in self.groups]}
 
     def state_dict(self) -> dict:
-        state = {"shards": [s.clone() for s in self.shards]}
-        if self.mixed:
+        state = {"shards": [s.full() for s in self.stores]}
+        if self.separate_masters:
             state["masters"] = [m.detach().clone() for m in self.masters]
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        for i, shard in enumerate(self.shards):
+        for i, store in enumerate(self.stores):
             if "shards" in state:
-                shard.copy_(state["shards"][i])
-            if self.mixed:
-                self.masters[i].data.copy_(state["masters"][i] if "masters" in state else shard)
+                store.write(0, state["shards"][i])
+            if self.separate_masters:
+                self.masters[i].data.copy_(state["masters"][i] if "masters" in state else store.full())
         self.gatherer.release_all(force=True)
