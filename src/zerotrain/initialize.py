@@ -97,7 +97,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         model.to(compute_dtype)
     # Every rank starts from rank 0's weights, as DDP does (before any sharding).
     for tensor in list(model.parameters()) + list(model.buffers()):
-        comm.broadcast(tensor.data)
+        if tensor.numel():  # zero.Init already gave every rank rank 0's chunks
+            comm.broadcast(tensor.data)
     groups, registration = _param_groups(model, model_parameters, optimizer)
     zero = cfg.zero_optimization
     raw_zero = cfg.raw.get("zero_optimization")

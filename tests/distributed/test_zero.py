@@ -275,3 +275,35 @@ def test_nvme_offload_lowers_peak_rss_by_what_moved(tmp_path, monkeypatch):
         assert offloaded["moved"] > 100 * 2**20  # ~117 MB of AdamW moments per rank
         saved = resident["peak"] - offloaded["peak"]
         assert saved >= 0.7 * offloaded["moved"], (resident, offloaded)
+
+
+def build_and_train_under_init(use_init: bool) -> dict:
+    import torch
+
+    import zerotrain
+    from scenarios import global_batch, rank_and_world, tiny_gpt
+
+    rank, world = rank_and_world()
+    if use_init:
+        with zerotrain.zero.Init():
+            model = tiny_gpt()
+        # nothing is whole: every parameter holds only this rank's chunk
+        chunks = {n: (p.numel(), p.zt_chunk.numel(), p.zt_shape.numel()) for n, p in model.named_parameters()}
+        assert all(empty == 0 and chunk == -(-full // world) for empty, chunk, full in chunks.values())
+    else:
+        model = tiny_gpt()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=zero_config(3, 2))
+    start = {k: v.clone() for k, v in engine.module_state_dict().items()}
+    for step in range(5):
+        x = global_batch(step, 4)[rank * 2 : rank * 2 + 2]
+        engine.backward(engine(x, labels=x))
+        engine.step()
+    return {"start": start, "end": engine.module_state_dict()}
+
+
+def test_zero_init_builds_a_partitioned_model_that_trains_like_a_whole_one(world2):
+    partitioned = world2.run(build_and_train_under_init, True)
+    whole = world2.run(build_and_train_under_init, False)
+    for p, w in zip(partitioned, whole):
+        assert_params_close(p["start"], w["start"], rtol=0)  # same initial weights (GPT uses apply)
+        assert_params_close(p["end"], w["end"], rtol=0)

@@ -11,6 +11,7 @@ from .stage0 import DEFAULT_BUCKET_NUMEL, DataParallel
 from .stage1 import ShardedOptimizer
 from .stage2 import ShardedGradients
 from .gathered import GatheredParameters
+from .init import Init, is_partitioned
 from .stage3 import ShardedParameters
 
 STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}
@@ -24,6 +25,9 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     if zero.stage not in STRATEGIES:
         raise ConfigError(f"zero_optimization.stage: stage {zero.stage} is not available "
                           f"(available: {sorted(STRATEGIES)})")
+    if zero.stage != 3 and any(is_partitioned(p) for g in param_groups for p in g["params"]):
+        raise ConfigError("the model was built under zerotrain.zero.Init(), which partitions parameters "
+                          "for ZeRO stage 3; set zero_optimization.stage to 3 or build it outside Init")
     offload = zero.offload_optimizer
     if offload is not None and offload.device != "none" and zero.stage == 0:
         raise ConfigError("zero_optimization.offload_optimizer: offloading needs ZeRO stage 1, 2 or 3; "

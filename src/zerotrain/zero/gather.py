@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .flat import ALIGN
+from .init import full_shape, is_partitioned
 
 
 class ShardedGroup:
@@ -23,8 +24,8 @@ class ShardedGroup:
     def __init__(self, params: list[torch.nn.Parameter], world_size: int):
         self.params = list(params)
         self.world_size = world_size
-        self.shapes = [p.shape for p in self.params]
-        self.full_numels = [p.numel() for p in self.params]
+        self.shapes = [full_shape(p) for p in self.params]
+        self.full_numels = [s.numel() for s in self.shapes]
         self.numels = [-(-n // world_size) for n in self.full_numels]  # chunk per rank
         self.offsets = []
         total = 0
@@ -38,6 +39,10 @@ class ShardedGroup:
         shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
         ws = self.world_size
         for p, o, c, n in zip(self.params, self.offsets, self.numels, self.full_numels):
+            if is_partitioned(p):  # built under zero.Init: this rank's chunk already exists
+                shard[o : o + c] = p.zt_chunk
+                del p.zt_chunk
+                continue
             flat = torch.zeros(ws * c, dtype=dtype, device=device)
             flat[:n] = p.detach().reshape(-1)
             shard[o : o + c] = flat[rank * c : (rank + 1) * c]

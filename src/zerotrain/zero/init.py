@@ -1,0 +1,101 @@
+"""`zerotrain.zero.Init()`: build a model already partitioned for ZeRO stage 3.
+
+    with zerotrain.zero.Init():
+        model = MyTransformer(cfg)        # never whole on any rank
+    engine, *_ = zerotrain.initialize(model=model, config=stage3_config)
+
+A module's parameters are whole only while that module's own __init__ runs. When the module
+is attached to its parent (torch's module-registration hook fires after the child's
+__init__ has returned), rank 0's values are broadcast and each rank keeps its chunk; the
+root's own parameters are cut on leaving the context. Code that initialises weights later
+through `module.apply(fn)` (as most models do) sees each module's parameters whole for the
+duration of `fn`, and the result is cut again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..dist import Comm, init_parallel
+
+
+def is_partitioned(p: torch.Tensor) -> bool:
+    return hasattr(p, "zt_chunk")
+
+
+def full_shape(p: torch.Tensor) -> torch.Size:
+    return p.zt_shape if is_partitioned(p) else p.shape
+
+
+class Init:
+    def __init__(self, enabled: bool = True, **_ignored):
+        self.enabled = enabled
+        self.comm: Comm | None = None
+        self._created: list[nn.Parameter] = []
+
+    # ---- cutting and gluing ----------------------------------------------------------------
+    def _cut(self, p: nn.Parameter) -> None:
+        if is_partitioned(p) or p.numel() == 0:
+            return
+        ws, rank = self.comm.world_size, self.comm.rank
+        self.comm.broadcast(p.data, src=0)
+        chunk = -(-p.numel() // ws)
+        flat = F.pad(p.data.reshape(-1), (0, ws * chunk - p.numel()))
+        p.zt_shape = p.shape
+        p.zt_chunk = flat[rank * chunk : (rank + 1) * chunk].clone()
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _glue(self, p: nn.Parameter) -> None:
+        ws = self.comm.world_size
+        whole = torch.empty(ws * p.zt_chunk.numel(), dtype=p.zt_chunk.dtype, device=p.zt_chunk.device)
+        self.comm.all_gather(whole, p.zt_chunk)
+        p.data = whole[: p.zt_shape.numel()].view(p.zt_shape)
+        del p.zt_chunk
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _on_parameter(self, module, name, param):
+        if param is not None:
+            self._created.append(param)
+
+    def _on_submodule(self, module, name, submodule):
+        if submodule is not None:
+            for p in submodule.parameters():
+                self._cut(p)
+
+    def _whole_apply(self):
+        """nn.Module.apply that shows `fn` each module's own parameters whole."""
+        def apply(module: nn.Module, fn):
+            for child in module.children():
+                child.apply(fn)
+            own = [p for p in module.parameters(recurse=False) if is_partitioned(p)]
+            for p in own:
+                self._glue(p)
+            fn(module)
+            for p in own:
+                self._cut(p)
+            return module
+
+        return apply
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        self.comm = Comm(init_parallel())
+        self._hooks = [nn.modules.module.register_module_parameter_registration_hook(self._on_parameter),
+                       nn.modules.module.register_module_module_registration_hook(self._on_submodule)]
+        self._original_apply, nn.Module.apply = nn.Module.apply, self._whole_apply()
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for h in self._hooks:
+            h.remove()
+        nn.Module.apply = self._original_apply
+        if exc[0] is None:
+            for p in self._created:  # the root's own parameters, and any left over
+                self._cut(p)
+        self._created = []
+        return False
