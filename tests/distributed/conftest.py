@@ -8,3 +8,11 @@ def world2():
     pool = WorldPool(2)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def world4():
+    """4 ranks on however many cores: spawning costs ~15-19 s, so batch the cases per call."""
+    pool = WorldPool(4)
+    yield pool
+    pool.close()

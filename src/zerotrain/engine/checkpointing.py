@@ -63,6 +63,18 @@ def _param_names(module) -> dict[int, str]:
     return names
 
 
+def _aliases(module) -> dict[str, list[str]]:
+    """First name of each tied parameter -> its other names (e.g. wte.weight -> lm_head.weight),
+    so consolidation can write every name the module has."""
+    first, aliases = {}, {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases.setdefault(first[id(p)], []).append(name)
+        else:
+            first[id(p)] = name
+    return aliases
+
+
 def _load_module(engine, state: dict, strict: bool) -> None:
     sharded = _sharded_names(engine)
     missing, unexpected = engine.module.load_state_dict(state, strict=False)
@@ -90,7 +102,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
                 "features": {f.name: f.state_dict() for f in engine.features},
                 "zero_stage": getattr(engine.strategy, "stage", 0),
-                "layout": engine.strategy.layout(_param_names(engine.module)),
+                "layout": dict(engine.strategy.layout(_param_names(engine.module)), aliases=_aliases(engine.module)),
                 "world_size": comm.world_size,
                 "client_state": client_state,
             })

@@ -1,0 +1,194 @@
+"""Whole fp32 weights from the per-rank files of a checkpoint of any ZeRO stage.
+
+Training checkpoints hold what each rank owns, laid out for the stage that wrote them; to
+evaluate, fine-tune elsewhere or publish a model, one wants a plain state dict. The layout
+saved in model_states.pt says where every parameter sits (flat.py: one padded buffer cut
+into N contiguous shards; gather.py: every parameter cut into N chunks), so the weights can
+be put back together offline, one rank file at a time, without the model's code.
+
+Sources, best first: the fp32 masters (mixed precision: the module holds only their half
+cast), then stage 3's parameter shards, then the module state (stages 0-2 in fp32 keep whole
+weights there). Buffers and frozen parameters always come from the module state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from .store import MANIFEST, load_file, resolve_checkpoint, verify_checkpoint
+
+
+def _folder(ckpt_dir, tag) -> Path:
+    """A save_dir (with `latest` or a tag) or one tag folder itself."""
+    ckpt_dir = Path(ckpt_dir)
+    if tag is None and (ckpt_dir / MANIFEST).is_file():
+        return ckpt_dir
+    return resolve_checkpoint(ckpt_dir, tag)
+
+
+def _model_states(path: Path) -> tuple[dict, dict]:
+    states = load_file(path, "model_states.pt")
+    layout = states.get("layout") if isinstance(states, dict) else None
+    if not isinstance(layout, dict) or layout.get("scheme") not in ("flat", "chunked") \
+            or not isinstance(states.get("module"), dict):
+        raise CheckpointError(f"{path}/model_states.pt has no parameter layout; it was not written by "
+                              "zerotrain's engine.save_checkpoint")
+    keys = ("names", "shapes", "offsets", "numels", "shard_numel") + (("full_numels",) if layout["scheme"] == "chunked" else ())
+    groups = layout.get("groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and all(k in g for k in keys) for g in groups) \
+            or not isinstance(layout.get("world_size"), int) or not isinstance(layout.get("stage"), int):
+        raise CheckpointError(f"{path}/model_states.pt: the parameter layout is malformed; the checkpoint is corrupted")
+    if states.get("world_size", layout.get("world_size")) != layout.get("world_size"):
+        raise CheckpointError(f"{path}/model_states.pt: world size {states.get('world_size')} != "
+                              f"{layout.get('world_size')} in its layout; the checkpoint is corrupted")
+    return states, layout
+
+
+def _aliases(module: dict, names: list[str], layout: dict) -> dict[str, list[str]]:
+    """Other state-dict names of each (tied) parameter. The layout names a parameter once; the
+    module state of stages 0-2 holds every name, and identical views mean one parameter."""
+    found = {k: list(v) for k, v in (layout.get("aliases") or {}).items()}
+    ident = lambda t: (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+    by_ident = {ident(module[n]): n for n in names if n in module and module[n].numel()}
+    for key, t in module.items():
+        first = by_ident.get(ident(t)) if torch.is_tensor(t) and t.numel() else None
+        if first is not None and key != first and key not in found.get(first, []):
+            found.setdefault(first, []).append(key)
+    return found
+
+
+def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None) -> tuple[str | None, list]:
+    """The per-group tensors rank `rank` saved, and which kind they are."""
+    state = load_file(path, f"optim_rank{rank}.pt")
+    strategy = state.get("strategy") if isinstance(state, dict) else None
+    if not isinstance(strategy, dict):
+        raise CheckpointError(f"{path.name}/optim_rank{rank}.pt has no strategy state; the checkpoint is incomplete")
+    kind = source or ("masters" if "masters" in strategy else "shards" if "shards" in strategy else None)
+    if kind is None:
+        return None, []
+    pieces = strategy.get(kind)
+    if not isinstance(pieces, (list, tuple)) or len(pieces) != len(layout["groups"]):
+        raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {kind} for {len(pieces or [])} param groups, "
+                              f"layout has {len(layout['groups'])}; the checkpoint is incomplete or mismatched")
+    return kind, list(pieces)
+
+
+def _fill_flat(out: dict, group: dict, piece: torch.Tensor, start: int) -> None:
+    """Copy the part of a flat buffer that covers [start, start + len(piece)) into `out`."""
+    end = start + piece.numel()
+    for name, o, n in zip(group["names"], group["offsets"], group["numels"]):
+        lo, hi = max(o, start), min(o + n, end)
+        if lo < hi:
+            out[name][lo - o : hi - o] = piece[lo - start : hi - start]
+
+
+def _fill_chunked(out: dict, group: dict, piece: torch.Tensor, rank: int) -> None:
+    """Rank r holds elements [r*c, (r+1)*c) of every parameter (c = its chunk)."""
+    for name, o, c, n in zip(group["names"], group["offsets"], group["numels"], group["full_numels"]):
+        take = min(c, n - rank * c)
+        if take > 0:
+            out[name][rank * c : rank * c + take] = piece[o : o + take]
+
+
+def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """Full fp32 state dict of the model in a checkpoint. Tied parameters appear under each
+    of their names as one shared tensor (names the checkpoint does not record are absent)."""
+    path = _folder(ckpt_dir, tag)
+    verify_checkpoint(path)
+    states, layout = _model_states(path)
+    module = states["module"]
+    ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
+    names = [n for g in groups for n in g["names"]]
+    flat = {n: torch.empty(int(numel), dtype=torch.float32)
+            for g in groups for n, numel in zip(g["names"], g.get("full_numels", g["numels"]))}
+    ranks = range(ws if stage > 0 else 1)  # stage 0: rank 0 saves for all
+    absent = [f"optim_rank{r}.pt" for r in ranks if not (path / f"optim_rank{r}.pt").is_file()]
+    if absent:
+        raise CheckpointError(f"{path.name}/{absent[0]}: missing ({len(absent)} of {len(ranks)} rank files); "
+                              "the checkpoint is incomplete")
+    source = None
+    for rank in ranks:
+        source, pieces = _rank_pieces(path, layout, rank, source)
+        if source is None:
+            break
+        for gi, (group, piece) in enumerate(zip(groups, pieces)):
+            if layout["scheme"] == "flat":
+                expected = group["shard_numel"] * (ws if stage == 0 else 1)
+                start = 0 if stage == 0 else rank * group["shard_numel"]
+            else:
+                expected, start = group["shard_numel"], rank
+            if not torch.is_tensor(piece) or piece.numel() != expected:
+                raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {source}[{gi}] has "
+                                      f"{piece.numel() if torch.is_tensor(piece) else type(piece).__name__} "
+                                      f"elements, the layout says {expected}; the checkpoint is corrupted")
+            fill = _fill_flat if layout["scheme"] == "flat" else _fill_chunked
+            fill(flat, group, piece.reshape(-1).float(), start)
+    if source is None:  # stages 0-2 in fp32: the module state holds the weights whole
+        if layout["scheme"] == "chunked":
+            raise CheckpointError(f"{path.name}: no parameter shards saved for stage 3; the checkpoint is incomplete")
+        missing = [n for n in names if n not in module]
+        if missing:
+            raise CheckpointError(f"{path.name}/model_states.pt lacks parameters {missing[:3]}; "
+                                  "the checkpoint is incomplete")
+        for n in names:
+            flat[n] = module[n].detach().reshape(-1).to(torch.float32, copy=True)
+    shapes = {n: s for g in groups for n, s in zip(g["names"], g["shapes"])}
+    params = {n: flat[n].reshape(shapes[n]).contiguous() for n in names}
+    alias_of = {a: n for n, names_ in _aliases(module, names, layout).items() for a in names_}
+    out = {}
+    for key, value in module.items():  # module order; buffers and frozen params as saved
+        if key in params or key in alias_of:
+            out[key] = params[alias_of.get(key, key)]
+        else:
+            out[key] = value.float() if value.is_floating_point() else value
+    for alias, n in alias_of.items():  # stage 3 keeps its parameters out of the module state
+        out.setdefault(n, params[n])
+        out.setdefault(alias, params[n])
+    for n in names:
+        out.setdefault(n, params[n])
+    return out
+
+
+def output_file(out) -> Path:
+    """OUT is a .safetensors file, or a folder that gets model.safetensors."""
+    out = Path(out)
+    return out if out.suffix == ".safetensors" else out / "model.safetensors"
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], out, overwrite: bool = False) -> Path:
+    """Write `tensors` to OUT atomically (temp file + rename, so no partial file ever has the
+    final name). Shared tensors (tied weights) are written once per name, since safetensors
+    stores no aliasing; the metadata entry `tied` lists which names were one parameter."""
+    from safetensors.torch import save_file
+
+    target = output_file(out)
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{target} exists; pass --overwrite to replace it")
+    if target.parent.exists() and not target.parent.is_dir():
+        raise ConfigError(f"{target.parent} is a file, not a folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    seen, tied, data = {}, {}, {}
+    for name, t in tensors.items():
+        first = seen.setdefault(id(t), name)
+        if first != name:
+            tied.setdefault(first, []).append(name)
+        t = t.detach()
+        exclusive = t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        data[name] = t if first == name and exclusive else t.clone(memory_format=torch.contiguous_format)
+    metadata = {"format": "pt", "producer": "zerotrain consolidate"}
+    if tied:
+        metadata["tied"] = json.dumps(tied)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        save_file(data, str(tmp), metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
