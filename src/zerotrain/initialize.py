@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 
@@ -66,6 +68,27 @@ def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -
     return groups, registration
 
 
+def _first_difference(a, b, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key, "<missing>") != b.get(key, "<missing>"):
+                return _first_difference(a.get(key, "<missing>"), b.get(key, "<missing>"), f"{path}.{key}".lstrip("."))
+    return f"{path or '<config>'}: {a!r} vs {b!r}"
+
+
+def _check_same_config(comm: Comm, raw: dict) -> None:
+    """Ranks that were given different configs would silently train different things (or hang
+    in mismatched collectives): compare a digest at start and name the first difference."""
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+    digests = comm.all_gather_object(digest)
+    if len(set(digests)) == 1:
+        return
+    odd = next(r for r, d in enumerate(digests) if d != digests[0])
+    configs = comm.all_gather_object(raw)
+    raise ConfigError(f"ranks were given different configs: rank 0 and rank {odd} differ at "
+                      f"{_first_difference(configs[0], configs[odd])}")
+
+
 def _overlap_comm(cfg) -> bool:
     """Overlap reduction with backward unless the user turned it off explicitly (DeepSpeed's
     default off for stages 0-2 only costs time)."""
@@ -90,6 +113,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     _setup_logging(state.rank)
     comm = Comm(state)
     cfg = load_config(config, world_size=state.world_size)
+    _check_same_config(comm, cfg.raw)
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
 
     model.to(state.device)

@@ -77,3 +77,22 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_both(world2):
         assert r["lrs"][2] == r["lrs"][1]
     assert clean[0]["skipped"] == 0
     assert_params_close(poisoned[0]["params"], poisoned[1]["params"], rtol=0)
+
+
+def initialize_with_rank_specific_lr() -> str:
+    import zerotrain
+    from scenarios import rank_and_world, tiny_gpt
+
+    rank, _ = rank_and_world()
+    config = base_config(4, 2)
+    config["optimizer"]["params"]["lr"] = 1e-3 * (1 + rank)
+    try:
+        zerotrain.initialize(model=tiny_gpt(), config=config)
+    except zerotrain.ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+def test_ranks_with_different_configs_are_refused_at_start(world2):
+    for message in world2.run(initialize_with_rank_specific_lr):
+        assert message == "ranks were given different configs: rank 0 and rank 1 differ at optimizer.params.lr: 0.001 vs 0.002"

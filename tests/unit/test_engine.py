@@ -724,3 +724,21 @@ def test_user_optimizer_zero_grad_between_steps(precision):
     train_reference(reference, torch.optim.SGD(reference.parameters(), lr=0.1), 3, 1)
     assert engine.skipped_steps == 0
     assert_same_params(model, reference, atol=ATOL if precision == "fp32" else 5e-3)
+
+
+def test_load_falls_back_to_the_newest_complete_checkpoint_when_asked(tmp_path):
+    from zerotrain.errors import CheckpointError
+
+    engine, *_ = zerotrain.initialize(model=mlp(), config=config())
+    for step in range(2):
+        x, y = micro_batch(step)
+        engine.backward(mse(engine, x, y))
+        engine.step()
+        engine.save_checkpoint(tmp_path)  # global_step1, then global_step2 (latest)
+    damaged = tmp_path / "global_step2" / "model_states.pt"
+    damaged.write_bytes(damaged.read_bytes()[:-7])  # truncated
+    fresh, *_ = zerotrain.initialize(model=mlp(1), config=config())
+    with pytest.raises(CheckpointError, match="model_states.pt"):
+        fresh.load_checkpoint(tmp_path)
+    path, _ = fresh.load_checkpoint(tmp_path, fallback_to_complete=True)
+    assert path.endswith("global_step1") and fresh.global_steps == 1

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..checkpoint.store import CheckpointWriter, load_file, resolve_checkpoint, validate_tag, verify_checkpoint
+from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
+                                verify_checkpoint)
 
 log = logging.getLogger("zerotrain")
 
@@ -115,13 +116,29 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     return True
 
 
-def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
-                    load_lr_scheduler_states: bool, load_module_only: bool):
+def _verified(load_dir, tag, fallback: bool):
+    """The folder to load, checked against its manifest. With `fallback` (and no explicit
+    tag), a damaged newest checkpoint gives way to the newest one that verifies."""
     path = resolve_checkpoint(load_dir, tag, missing_ok=tag is None)
+    if path is None:
+        return None
+    try:
+        verify_checkpoint(path)
+        return path
+    except CheckpointError as damaged:
+        complete = list_complete_tags(load_dir) if fallback and tag is None else []
+        if not complete:
+            raise
+        log.warning("%s; falling back to %s, the newest complete checkpoint", damaged, complete[0])
+        return resolve_checkpoint(load_dir, complete[0])
+
+
+def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
+                    load_lr_scheduler_states: bool, load_module_only: bool, fallback: bool = False):
+    path = _verified(load_dir, tag, fallback)
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
-    verify_checkpoint(path)
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     model_states = load_file(path, "model_states.pt")
