@@ -131,7 +131,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               bucket_numel=int(zero.reduce_bucket_size) if explicit_bucket else None,
                               prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
-                              overlap_comm=_overlap_comm(cfg))
+                              overlap_comm=_overlap_comm(cfg),
+                              explicit=set(raw_zero) if isinstance(raw_zero, dict) else set())
 
     if optimizer is not None:
         torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))

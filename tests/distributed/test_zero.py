@@ -96,8 +96,7 @@ def live_parameter_peak(max_live: int, prefetch: int) -> dict:
         for p in ps:
             owners_of[id(p)] = owners_of.get(id(p), 0) + 1
     tied = sum(n for pid, n in strategy.gatherer.numel_of.items() if owners_of.get(pid, 0) > 1)
-    with torch.no_grad():
-        whole_now = sum(p.numel() for p in model.parameters())
+    whole_now = sum(p.untyped_storage().nbytes() for p in model.parameters())
     return {"peak": strategy.gatherer.peak_live_numel, "largest_module": max(module_sizes), "tied": tied,
             "total": sum(module_sizes), "live_after_step": strategy.gatherer.live_numel, "numel_now": whole_now}
 

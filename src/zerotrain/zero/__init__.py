@@ -14,14 +14,15 @@ from .gathered import GatheredParameters
 from .init import Init, is_partitioned
 from .stage3 import ShardedParameters
 
+PREFETCH_KEYS = {"stage3_prefetch_bucket_size", "prefetch_bucket_size"}
 STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}
 
 
 def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
                    comm: Comm, compute_dtype: torch.dtype, device, *, bucket_numel: int | None = None,
                    prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
-                   overlap_comm: bool = True):
-    """`zero` is the validated zero_optimization block."""
+                   overlap_comm: bool = True, explicit: set[str] = frozenset()):
+    """`zero` is the validated zero_optimization block; `explicit` the keys the user wrote."""
     if zero.stage not in STRATEGIES:
         raise ConfigError(f"zero_optimization.stage: stage {zero.stage} is not available "
                           f"(available: {sorted(STRATEGIES)})")
@@ -40,5 +41,8 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
                   offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size))
     if zero.stage == 3:
         kwargs.update(module=module, offload_param=zero.offload_param, persistence_threshold=int(zero.param_persistence_threshold),
-                      prefetch_numel=int(zero.prefetch_bucket_size), max_live_numel=int(zero.max_live_parameters))
+                      # DeepSpeed's 5e7 default would prefetch a small model whole: unless set,
+                      # look ahead by about two modules' worth instead
+                      prefetch_numel=int(zero.prefetch_bucket_size) if explicit & PREFETCH_KEYS else None,
+                      max_live_numel=int(zero.max_live_parameters))
     return STRATEGIES[zero.stage](param_groups, registration, comm, compute_dtype, device, **kwargs)

@@ -38,6 +38,7 @@ class Bucket:
     params: list[int] = field(default_factory=list)  # indices of the params it overlaps
     order_key: int = 0  # backward position of its last-ready parameter
     pending: int = 0
+    launched: bool = False
     work: object = None
     data: torch.Tensor | None = None  # what was sent (a view, or a staging buffer)
 
@@ -112,7 +113,7 @@ class BucketedReducer:
             complete = False
             for bi in bucket_indices:
                 bucket = self.buckets[bi]
-                if bucket.work is not None:
+                if bucket.launched:
                     raise RuntimeError("a parameter received a gradient after its bucket was reduced; "
                                        "with activation checkpointing use use_reentrant=False")
                 bucket.pending -= 1
@@ -129,12 +130,14 @@ class BucketedReducer:
         self._next = self._landed = 0
         for b in self.buckets:
             b.pending = len(b.params)
+            b.launched = False
             b.work = b.data = None
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending <= 0:
             b = self.buckets[self._next]
             b.work = self.launch(b)
+            b.launched = True
             self._next += 1
             if self.max_in_flight is not None:
                 while self._next - self._landed > self.max_in_flight:
@@ -145,7 +148,7 @@ class BucketedReducer:
         b.work.wait()
         if self.land is not None:
             self.land(b)
-        b.data = None
+        b.work = b.data = None  # a finished handle still holds its tensors: let them go
         self._landed += 1
 
     def finish(self) -> None:

@@ -74,6 +74,11 @@ class Gatherer:
     in flight for the given parameters and fetches the rest. `live_numel` counts elements of
     whole (or arriving) parameters; its high-water mark is what stage3_max_live_parameters
     bounds.
+
+    Each parameter keeps one padded buffer for its whole value for life; `p.data` is a view
+    of it and never changes. Releasing frees the buffer's storage in place (resize to 0) and
+    gathering allocates it again. Swapping `p.data` instead would free nothing: autograd
+    keeps views of the weights it saved for backward (e.g. `weight.t()` in a linear layer).
     """
 
     def __init__(self, groups: list[ShardedGroup], stores: list, comm, persistent: set[int], device, dtype):
@@ -87,7 +92,14 @@ class Gatherer:
         self.live_numel = 0
         self.peak_live_numel = 0
         self.device, self.dtype = device, dtype
-        self._empty = torch.empty(0, dtype=dtype, device=device)
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.buffer_of: dict[int, torch.Tensor] = {}
+        for g in groups:
+            for p, shape, c in zip(g.params, g.shapes, g.numels):
+                buffer = torch.empty(comm.world_size * c, dtype=dtype, device=device)
+                p.data = buffer[: shape.numel()].view(shape)
+                buffer.untyped_storage().resize_(0)
+                self.buffer_of[id(p)] = buffer
 
     def missing_numel(self, own: dict[int, list[int]]) -> int:
         return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
@@ -117,13 +129,13 @@ class Gatherer:
             work.wait()
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
-            whole = torch.empty_like(gathered)
-            blocks = list(whole.split([ws * c for c in sizes]))
+            buffers = [self.buffer_of[id(group.params[i])] for i in run]
+            for buffer, c in zip(buffers, sizes):
+                buffer.untyped_storage().resize_(ws * c * self.itemsize)
             torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
-                                        out=[b.view(ws, c) for b, c in zip(blocks, sizes)])
-            for i, block in zip(run, blocks):
+                                        out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
+            for i in run:
                 p = group.params[i]
-                p.data = block[: group.full_numels[i]].view(group.shapes[i])
                 self.whole[id(p)] = p
                 del self.in_flight[id(p)]
         pending.runs = []
@@ -145,14 +157,10 @@ class Gatherer:
     def release(self, params, force: bool = False) -> None:
         for p in params:
             if id(p) in self.whole and (force or id(p) not in self.persistent):
-                p.data = self._empty
+                self.buffer_of[id(p)].untyped_storage().resize_(0)
                 del self.whole[id(p)]
                 self.live_numel -= self.numel_of[id(p)]
 
-    def release_all(self, force: bool = False, also=()) -> None:
-        """Release every whole parameter (and `also`: params that are whole without having
-        been gathered, as all are when the strategy takes the model over)."""
+    def release_all(self, force: bool = False) -> None:
         self.drain()
-        for p in also:
-            p.data = self._empty
         self.release(list(self.whole.values()), force=force)

@@ -39,7 +39,7 @@ class ShardedParameters:
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm, compute_dtype, device,
                  *, module: torch.nn.Module, bucket_numel: int, prescale_gradients: bool = False,
                  gradient_predivide_factor: float = 1.0, overlap_comm: bool = True,
-                 persistence_threshold: int = 100_000, prefetch_numel: int = 50_000_000,
+                 persistence_threshold: int = 100_000, prefetch_numel: int | None = None,
                  max_live_numel: int = 1_000_000_000, offload_optimizer=None, offload_param=None,
                  offload_block_numel: int = 1 << 22):
         self.comm = comm
@@ -75,7 +75,7 @@ class ShardedParameters:
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
         self.gatherer = Gatherer(self.groups, self.stores, comm, persistent, self.device, compute_dtype)
-        self.gatherer.release_all(force=True, also=self.where_params())  # whole only while in use
+        # from here on a parameter is whole only while in use (its storage is empty otherwise)
         register_owner(self.where_params(), self)
         self.in_backward = False
         self.prefetch_numel = prefetch_numel
@@ -85,6 +85,9 @@ class ShardedParameters:
         self._traces = {False: [], True: []}  # last pass's module order (forward, backward)
         self._now = {False: [], True: []}
         self._hooks = self._register_module_hooks(module)
+        if self.prefetch_numel is None:  # about two of the largest modules ahead
+            sizes = [sum(self.gatherer.numel_of[id(p)] for p in ps) for ps in self.owner_params]
+            self.prefetch_numel = 2 * max(sizes, default=0)
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
         buckets = plan_buckets(self.groups, max(1, bucket_numel // ws), backward_pos)
         self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
