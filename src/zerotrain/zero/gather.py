@@ -16,6 +16,7 @@ import torch
 
 from .flat import ALIGN
 from .init import full_shape, is_partitioned
+from .pool import BufferPool
 
 
 class ShardedGroup:
@@ -93,6 +94,7 @@ class Gatherer:
         self.peak_live_numel = 0
         self.device, self.dtype = device, dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.pool = BufferPool(dtype, device)
         self.buffer_of: dict[int, torch.Tensor] = {}
         for g in groups:
             for p, shape, c in zip(g.params, g.shapes, g.numels):
@@ -114,7 +116,7 @@ class Gatherer:
             todo = [i for i in indices if id(group.params[i]) not in self.whole
                     and id(group.params[i]) not in self.in_flight]
             for lo, hi, run in group.runs(todo):
-                gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
+                gathered = self.pool.take(ws * (hi - lo))
                 work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
                 pending.runs.append((gi, run, gathered, work))
                 for i in run:
@@ -134,6 +136,7 @@ class Gatherer:
                 buffer.untyped_storage().resize_(ws * c * self.itemsize)
             torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
                                         out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
+            self.pool.give(gathered)
             for i in run:
                 p = group.params[i]
                 self.whole[id(p)] = p

@@ -164,7 +164,7 @@ class ShardedParameters:
         fg, ws = self.groups[group], self.comm.world_size
         b = self.reducer.buckets[buckets[0]]
         if b.data is None:
-            b.data = torch.zeros(ws, b.end - b.start, dtype=self.compute_dtype, device=p.grad.device)
+            b.data = self.gatherer.pool.take(ws * (b.end - b.start)).view(ws, -1).zero_()
         chunk, at = fg.numels[index], fg.offsets[index] - b.start
         grad = p.grad.reshape(-1)
         if grad.numel() != ws * chunk:
@@ -174,20 +174,23 @@ class ShardedParameters:
         self.gatherer.release([p])
 
     def _launch(self, bucket: Bucket):
+        pool = self.gatherer.pool
         if bucket.data is None:
-            bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
-                                      dtype=self.compute_dtype, device=self.device)
+            bucket.data = pool.take(self.comm.world_size * (bucket.end - bucket.start)).view(
+                self.comm.world_size, -1).zero_()
         if self.prescale:
             bucket.data.mul_(1.0 / self.comm.world_size)
         elif self.predivide != 1.0:
             bucket.data.mul_(1.0 / self.predivide)
-        bucket.out = torch.empty(bucket.end - bucket.start, dtype=self.compute_dtype, device=bucket.data.device)
+        bucket.out = pool.take(bucket.end - bucket.start)
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
         post = 1.0 if self.prescale else self.predivide / self.comm.world_size
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
+        self.gatherer.pool.give(bucket.out)
+        self.gatherer.pool.give(bucket.data.view(-1))
         bucket.out = None
 
     def end_backward(self) -> None:
