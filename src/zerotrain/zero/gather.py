@@ -76,10 +76,13 @@ class Gatherer:
     whole (or arriving) parameters; its high-water mark is what stage3_max_live_parameters
     bounds.
 
-    Each parameter keeps one padded buffer for its whole value for life; `p.data` is a view
-    of it and never changes. Releasing frees the buffer's storage in place (resize to 0) and
-    gathering allocates it again. Swapping `p.data` instead would free nothing: autograd
-    keeps views of the weights it saved for backward (e.g. `weight.t()` in a linear layer).
+    Each parameter keeps one padded buffer for its whole value for life. Releasing frees
+    the buffer's storage in place (resize to 0) and points `p.data` at an empty tensor;
+    gathering allocates the storage again and points `p.data` back at it. Only swapping
+    `p.data` would free nothing: autograd keeps views of the weights it saved for backward
+    (e.g. `weight.t()` in a linear layer), and those views share the buffer's storage, so
+    they see the values again once backward's gather refills it. A released parameter reads
+    as an empty tensor, never as freed memory.
     """
 
     def __init__(self, groups: list[ShardedGroup], stores: list, comm, persistent: set[int], device, dtype):
@@ -94,13 +97,14 @@ class Gatherer:
         self.peak_live_numel = 0
         self.device, self.dtype = device, dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self._empty = torch.empty(0, dtype=dtype, device=device)
         self.pool = BufferPool(dtype, device)
         self.buffer_of: dict[int, torch.Tensor] = {}
         for g in groups:
             for p, shape, c in zip(g.params, g.shapes, g.numels):
                 buffer = torch.empty(comm.world_size * c, dtype=dtype, device=device)
-                p.data = buffer[: shape.numel()].view(shape)
                 buffer.untyped_storage().resize_(0)
+                p.data = self._empty
                 self.buffer_of[id(p)] = buffer
 
     def missing_numel(self, own: dict[int, list[int]]) -> int:
@@ -132,8 +136,9 @@ class Gatherer:
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
             buffers = [self.buffer_of[id(group.params[i])] for i in run]
-            for buffer, c in zip(buffers, sizes):
+            for buffer, c, i in zip(buffers, sizes, run):
                 buffer.untyped_storage().resize_(ws * c * self.itemsize)
+                group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
             torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
                                         out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
             self.pool.give(gathered)
@@ -161,6 +166,7 @@ class Gatherer:
         for p in params:
             if id(p) in self.whole and (force or id(p) not in self.persistent):
                 self.buffer_of[id(p)].untyped_storage().resize_(0)
+                p.data = self._empty
                 del self.whole[id(p)]
                 self.live_numel -= self.numel_of[id(p)]
 

@@ -1,0 +1,79 @@
+"""Curriculum + progressive layer drop + token budget on 2 real gloo processes against a
+1-process reference, for every ZeRO stage zerotrain has (new stages join automatically).
+
+Equal results need every rank to cut to the same length and drop the same blocks at the
+same step; per-rank randomness in the masks would make the ranks' gradients disagree with
+the reference (and send ZeRO-3 gathers out of step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zerotrain
+import zerotrain.zero
+from scenarios import global_batch, rank_and_world
+from test_stage0 import assert_params_close
+from zerotrain.models import GPT, GPTConfig
+
+SEQ, VOCAB, BATCH = 16, 64, 4
+# lengths 8, 8, 8, then 16: 3 x 32 + 5 x 64 tokens = 8 optimizer steps
+BUDGET = 3 * BATCH * 8 + 5 * BATCH * 16
+
+
+def features(stage: int, micro: int, ga: int = 1) -> dict:
+    return {
+        "train_batch_size": BATCH, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": ga,
+        "gradient_clipping": 0.0,
+        # threshold 0: under stage 3 every block really is gathered before use and released after,
+        # so a rank that dropped different blocks would issue different collectives
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+        "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": SEQ,
+                                "schedule_type": "fixed_linear",
+                                "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}},
+        "progressive_layer_drop": {"enabled": True, "theta": 0.3, "gamma": 0.3},
+        "token_budget": {"train_tokens": BUDGET, "lr_decay_tokens": BUDGET, "warmup_steps": 1},
+    }
+
+
+def train_with_features(config: dict) -> dict:
+    """Train until the token budget stops it; each rank takes its slice of the global batch."""
+    rank, _ = rank_and_world()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=4, n_head=2, bias=False))
+    block_runs = [0]
+    for block in model.blocks:
+        block.register_forward_hook(lambda m, a, o: block_runs.__setitem__(0, block_runs[0] + 1))
+    engine, *_ = zerotrain.initialize(model=model, config=config)
+    micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    thetas, tokens, lrs, forwards = [], [], [], 0
+    while not engine.should_stop():
+        mine = global_batch(engine.global_steps, BATCH)[rank * micro * ga : (rank + 1) * micro * ga]
+        for m in range(ga):
+            x = mine[m * micro : (m + 1) * micro]
+            engine.backward(engine(x, labels=x))
+            engine.step()
+            forwards += 1
+        thetas.append(engine.get_pld_theta())
+        tokens.append(engine.feature_value("tokens_consumed"))
+        lrs.append(engine.get_lr()[0])
+    params = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+    return {"params": params, "thetas": thetas, "tokens": tokens, "lrs": lrs,
+            "block_runs": block_runs[0], "forwards": forwards}
+
+
+@pytest.mark.parametrize("stage", sorted(zerotrain.zero.STRATEGIES))
+@pytest.mark.parametrize("micro,ga", [(2, 1), (1, 2)], ids=["plain", "accumulation"])
+def test_two_ranks_match_one_process(world2, stage, micro, ga):
+    ranks = world2.run(train_with_features, features(stage, micro, ga))
+    reference = train_with_features(features(stage, BATCH))
+    assert reference["tokens"] == [32, 64, 96, 160, 224, 288, 352, 416]  # cut lengths, stop at the budget
+    assert reference["block_runs"] < 4 * len(reference["tokens"])  # layers were dropped
+    for r in ranks:
+        assert r["tokens"] == reference["tokens"]  # summed over both ranks
+        assert r["thetas"] == reference["thetas"]
+        assert r["lrs"] == pytest.approx(reference["lrs"], rel=1e-12)
+        assert r["block_runs"] == reference["block_runs"] * r["forwards"] // len(reference["tokens"])
+    assert_params_close(ranks[0]["params"], ranks[1]["params"], rtol=0)
+    assert_params_close(ranks[0]["params"], reference["params"])
