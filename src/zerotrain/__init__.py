@@ -5,11 +5,23 @@
 """
 
 from .errors import CheckpointError, ConfigError, DataError
+from .features import CurriculumScheduler, ProgressiveLayerDrop
 from .initialize import initialize
 from .precision import DynamicLossScaler
 from .schedules import get_scheduler
+from .zero.estimate import estimate_memory
 
 __version__ = "0.1.0"
 
-__all__ = ["initialize", "get_scheduler", "DynamicLossScaler", "ConfigError", "DataError",
-           "CheckpointError", "__version__"]
+__all__ = ["initialize", "get_scheduler", "DynamicLossScaler", "CurriculumScheduler", "ProgressiveLayerDrop",
+           "ConfigError", "DataError", "CheckpointError", "estimate_memory", "__version__"]
+
+
+def __getattr__(name: str):
+    # zerotrain.Trainer / zerotrain.TrainingArguments load the trainer package (and its HF
+    # imports) only when asked for, so `import zerotrain` stays light for engine users.
+    if name in ("Trainer", "TrainingArguments"):
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'zerotrain' has no attribute {name!r}")

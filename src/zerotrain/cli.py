@@ -12,6 +12,11 @@ from .errors import CheckpointError, ConfigError, DataError
 # name -> (module implementing it, one-line help)
 COMMANDS = {
     "demo": ("zerotrain.demo", "train a small GPT on the Python standard library with 2 processes (no download)"),
+    "train": ("zerotrain.commands.train", "train a causal LM, masked LM or classifier with HF TrainingArguments options"),
+    "plot": ("zerotrain.commands.plot", "draw a run's loss, eval loss, LR, seqlen and theta to a PNG"),
+    "merge-lora": ("zerotrain.commands.merge_lora", "fold a LoRA adapter into its base model's weights"),
+    "estimate": ("zerotrain.commands.estimate", "model-state memory per rank for each ZeRO stage and offload choice"),
+    "consolidate": ("zerotrain.commands.consolidate", "write full fp32 weights (safetensors) from a checkpoint of any stage"),
 }
 
 

@@ -14,6 +14,11 @@ class DataError(ValueError):
     """A data file or dataset cannot be used. The message names the file and the fix."""
 
 
+class ModelInterfaceError(TypeError):
+    """The model's forward cannot take what an enabled feature must pass it (found at
+    initialize, not at the first step). A TypeError, as calling it would have raised."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 

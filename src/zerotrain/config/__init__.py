@@ -21,6 +21,7 @@ from .schema import (
     RandomLTDStepConfig,
     ScheduleConfig,
     SchedulerConfig,
+    TokenBudgetConfig,
     ZeroConfig,
     ZeroTrainConfig,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "RandomLTDStepConfig",
     "ScheduleConfig",
     "SchedulerConfig",
+    "TokenBudgetConfig",
     "ZeroConfig",
     "ZeroTrainConfig",
     "load_config",

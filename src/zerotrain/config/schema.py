@@ -9,77 +9,14 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
-from pydantic import field_validator, model_validator
+from pydantic import AliasChoices, Field, PrivateAttr, field_validator, model_validator
 
-
-class FieldProblem(ValueError):
-    """A complaint about `key` (dotted, relative to the block). Pydantic only knows the block
-    a model validator runs on; the key lets the loader name the exact setting."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-
-
-def _no_bool(value: Any) -> Any:
-    # JSON true/false would otherwise pass as 1/0 for numeric fields.
-    if isinstance(value, bool):
-        raise ValueError(f"should be a number, not {str(value).lower()}")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, BeforeValidator(_no_bool)]
-
-
-def _number(value: Any) -> Any:
-    value = _no_bool(value)
-    if not isinstance(value, (int, float)):
-        raise ValueError(f"should be a number, got {value!r}")
-    return value
-
-
-# Keeps ints as ints and floats as floats (metric difficulties can be either).
-Number = Annotated[Any, BeforeValidator(_number)]
+# the loader imports these from here too
+from .base import Block, FieldProblem, Float, Int, Number, _no_bool, spellings, valid_keys  # noqa: F401
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
-
-
-def spellings(field_name: str, model: type[BaseModel]) -> list[str]:
-    """All JSON keys that set one field: its name plus any alias spellings."""
-    info = model.model_fields[field_name]
-    names = [field_name]
-    alias = info.validation_alias
-    if isinstance(alias, AliasChoices):
-        names += [c for c in alias.choices if isinstance(c, str) and c not in names]
-    elif isinstance(alias, str) and alias not in names:
-        names.append(alias)
-    return names
-
-
-def valid_keys(model: type[BaseModel]) -> list[str]:
-    return [key for name in model.model_fields for key in spellings(name, model)]
-
-
-class Block(BaseModel):
-    """Base for every config block: strict keys, names and aliases both accepted."""
-
-    # protected_namespaces=(): DeepSpeed keys such as model_type must not warn on older pydantic.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_spelling(cls, data: Any) -> Any:
-        # With two spellings of one setting pydantic would call the second "unknown".
-        if isinstance(data, dict):
-            for name in cls.model_fields:
-                given = [k for k in spellings(name, cls) if k in data]
-                if len(given) > 1:
-                    raise ValueError(f"{' and '.join(given)} set the same option; keep one")
-        return data
 
 
 # --------------------------------------------------------------------------- precision
@@ -286,6 +223,29 @@ class PLDConfig(Block):
     gamma: Float = Field(0.001, ge=0.0, description="How fast the keep probability decays towards theta.")
 
 
+# --------------------------------------------------------------------------- token budget
+
+
+class TokenBudgetConfig(Block):
+    """zerotrain's own block (not DeepSpeed's): Megatron-DeepSpeed's --train-tokens,
+    --lr-decay-tokens, --lr-decay-style, --lr-warmup-iters and --min-lr."""
+
+    enabled: bool = Field(True, description="Count trained tokens (after any curriculum cut) over all ranks.")
+    train_tokens: Int | None = Field(None, gt=0, description="Stop (engine.should_stop()) once this many tokens are trained.")
+    lr_decay_tokens: Int | None = Field(None, gt=0, description="Decay the LR over this many tokens; replaces the scheduler block.")
+    lr_decay_style: Literal["linear", "cosine"] = Field("linear", description="Shape of the token-based LR decay.")
+    warmup_steps: Int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
+    min_lr: Float = Field(0.0, ge=0.0, description="LR at the end of the token-based decay.")
+
+    @model_validator(mode="after")
+    def _lr_settings_need_decay(self) -> TokenBudgetConfig:
+        if self.lr_decay_tokens is None:
+            for key in ("lr_decay_style", "warmup_steps", "min_lr"):
+                if key in self.model_fields_set:
+                    raise FieldProblem(key, "is set but does nothing without lr_decay_tokens; add lr_decay_tokens or remove it")
+        return self
+
+
 # --------------------------------------------------------------------------- data efficiency
 
 
@@ -414,6 +374,7 @@ class ZeroTrainConfig(Block):
     curriculum_learning: CurriculumConfig | None = Field(None, description="Legacy sequence-length curriculum.")
     progressive_layer_drop: PLDConfig | None = Field(None, description="Progressive layer drop.")
     data_efficiency: DataEfficiencyConfig | None = Field(None, description="Data sampling and routing.")
+    token_budget: TokenBudgetConfig | None = Field(None, description="Token counting, token budget and token-based LR decay.")
     zero_allow_untested_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
     zero_force_ds_cpu_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
 
@@ -434,6 +395,9 @@ class ZeroTrainConfig(Block):
     def _cross_block(self) -> ZeroTrainConfig:
         if self.fp16.enabled and self.bf16.enabled:
             raise FieldProblem("", "fp16.enabled and bf16.enabled are both true; enable at most one")
+        budget = self.token_budget
+        if budget is not None and budget.enabled and budget.lr_decay_tokens is not None and self.scheduler is not None:
+            raise FieldProblem("token_budget.lr_decay_tokens", "drives the LR, and so does the scheduler block; keep one")
         stage = self.zero_optimization.stage
         if self.fp16.enabled and self.fp16.fp16_master_weights_and_grads and stage == 0:
             raise FieldProblem("fp16.fp16_master_weights_and_grads", "needs zero_optimization.stage 1, 2 or 3")

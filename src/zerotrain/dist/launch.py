@@ -3,6 +3,8 @@ launcher of our own."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 
@@ -13,16 +15,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_module(module: str, args: list[str], nproc: int) -> int:
-    """Run `python -m module *args` on `nproc` local ranks; returns the job's exit code."""
+@contextlib.contextmanager
+def _quiet_elastic(quiet: bool):
+    """Hide torchrun's own failure report (the caller explains the failure in one line)."""
+    logger = logging.getLogger("torch.distributed.elastic")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def launch_module(module: str, args: list[str], nproc: int, quiet: bool = False) -> int:
+    """Run `python -m module *args` on `nproc` local ranks; returns the job's exit code (the
+    first failed rank's code when one fails). `quiet` drops torchrun's failure report."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        torchrun(["--nproc_per_node", str(nproc), "--master_port", str(free_port()), "-m", module, *args])
+        with _quiet_elastic(quiet):
+            # --standalone: the rendezvous binds a free port itself, so no other job can take
+            # the port between choosing it and binding it
+            torchrun(["--standalone", "--nproc_per_node", str(nproc), "-m", module, *args])
     except SystemExit as e:
         return int(e.code or 0)
-    except Exception as e:  # ChildFailedError: the failing rank's traceback is printed above
+    except ChildFailedError as e:
+        _, failure = e.get_first_failure()
+        if not quiet:  # the failing rank's traceback is printed above
+            print(f"zerotrain: {module} failed on a rank (exit code {failure.exitcode})", flush=True)
+        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+    except Exception as e:
         print(f"zerotrain: {module} failed on a rank ({e.__class__.__name__})", flush=True)
         return 1
     return 0

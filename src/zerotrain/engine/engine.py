@@ -99,11 +99,34 @@ class Engine(torch.nn.Module):
     def eval(self):
         return self.train(False)
 
+    # ---- what features know (asked by key, so this file names no feature) ----------------
+    def feature_value(self, key: str):
+        """The first non-None answer of a feature to `key`, else None."""
+        for feature in self.features:
+            value = feature.value(key)
+            if value is not None:
+                return value
+        return None
+
+    def should_stop(self) -> bool:
+        """True once any feature says training is done (e.g. token_budget.train_tokens)."""
+        return any(feature.should_stop(self) for feature in self.features)
+
+    def get_pld_theta(self) -> float | None:
+        return self.feature_value("pld_theta")
+
+    def set_custom_curriculum_learning_schedule(self, fn) -> None:
+        scheduler = self.feature_value("curriculum_scheduler")
+        if scheduler is None:
+            raise RuntimeError("set_custom_curriculum_learning_schedule: curriculum learning is not enabled")
+        scheduler.set_custom_get_difficulty(fn)
+
     # ---- the loop ------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         if self.module.training:
             for feature in self.features:
                 args, kwargs = feature.before_forward(self, args, kwargs)
+        self.strategy.begin_forward()
         with self._timers("forward"):
             return self.module(*args, **kwargs)
 
@@ -196,6 +219,39 @@ class Engine(torch.nn.Module):
         self._window_samples = 0
         self._window_start = time.perf_counter()
 
+    def memory_breakdown(self) -> dict[str, dict[str, int]]:
+        """Bytes this rank holds for model states, {category: {place: bytes}}, counted from the
+        live tensors (each storage once, so aliases such as fp32 masters that are the model's
+        own buffer count zero) and from files for what lives on NVMe."""
+        out = {c: {"device": 0, "host": 0, "nvme": 0} for c in ("params", "grads", "master_params", "optimizer_states")}
+        entries = list(self.strategy.memory_tensors())
+        place = self.strategy.offload.place if hasattr(self.strategy, "offload") else "device"
+        if self.optimizer is not None:
+            entries += [("optimizer_states", place, t) for state in self.optimizer.state.values()
+                        for t in state.values() if torch.is_tensor(t) and t.numel() > 1]
+        seen = set()
+        for category, place, tensor in entries:
+            storage = tensor.untyped_storage()
+            key = (storage.data_ptr(), tensor.device)
+            if key in seen or storage.nbytes() == 0:
+                continue
+            seen.add(key)
+            out[category][place] += storage.nbytes()
+        for category, nbytes in self.strategy.nvme_bytes().items():
+            out[category]["nvme"] += nbytes
+        return out
+
+    def destroy(self) -> None:
+        """Release what the engine attached: gradient hooks, module hooks, NVMe swap files."""
+        self.strategy.close()
+
+    def module_state_dict(self) -> dict:
+        """The full module state dict, whole parameters at every ZeRO stage (a collective under
+        stage 3: every rank must call it)."""
+        if hasattr(self.strategy, "full_state_dict"):
+            return self.strategy.full_state_dict(self.module)
+        return self.module.state_dict()
+
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True):
         from .checkpointing import save_checkpoint
@@ -204,8 +260,11 @@ class Engine(torch.nn.Module):
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False):
+                        load_module_only: bool = False, fallback_to_complete: bool = False):
+        """Returns (path, client_state), or (None, None) when load_dir has no checkpoint.
+        fallback_to_complete: if the newest checkpoint fails its manifest check, load the
+        newest one that passes instead of raising."""
         from .checkpointing import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
-                               load_lr_scheduler_states, load_module_only)
+                               load_lr_scheduler_states, load_module_only, fallback_to_complete)

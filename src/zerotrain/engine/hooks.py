@@ -25,6 +25,14 @@ class EngineFeature:
     def after_step(self, engine) -> None:
         """After the boundary's bookkeeping (global_steps already incremented)."""
 
+    def should_stop(self, engine) -> bool:
+        """True once the feature wants training to end (a token budget is spent)."""
+        return False
+
+    def value(self, key: str):
+        """Answer a named query from the engine (e.g. "pld_theta"); None when not this feature's."""
+        return None
+
     def log_fields(self, engine) -> dict:
         """Extra fields for the rank-0 progress line."""
         return {}

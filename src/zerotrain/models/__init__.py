@@ -1,5 +1,7 @@
-"""Small built-in models for the demo, the tests and the benchmarks."""
+"""Small built-in models for the demo, the tests and the benchmarks. Their blocks are
+switchable for progressive layer drop (zerotrain.layerdrop)."""
 
+from .bert import BertConfig, BertEncoder, BertForMaskedLM, BertForSequenceClassification
 from .gpt import GPT, GPTConfig
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "BertConfig", "BertEncoder", "BertForMaskedLM", "BertForSequenceClassification"]

@@ -1,7 +1,9 @@
 """A GPT-2-style decoder (pre-LayerNorm, tied embeddings), small enough for CPU runs.
 
 `GPT(cfg)(input_ids, labels=None)` returns the mean next-token loss when labels are given
-(labels are the inputs themselves; the shift happens inside), else the logits.
+(labels are the inputs themselves; the shift happens inside), else the logits. The blocks
+are switchable: in training, `progressive_layer_drop=True, pld_theta=t` (what the engine
+passes with PLD on) skips blocks as zerotrain.layerdrop describes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..layerdrop import LayerDrop
 
 
 @dataclass
@@ -63,7 +67,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = LayerDrop(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
@@ -76,12 +80,14 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                progressive_layer_drop: bool = False, pld_theta: float | None = None):
         t = input_ids.shape[1]
         pos = torch.arange(t, device=input_ids.device)
         x = self.wte(input_ids) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
+        with self.blocks.dropping(pld_theta if progressive_layer_drop and self.training else None):
+            for block in self.blocks:
+                x = block(x)
         logits = self.lm_head(self.ln_f(x))
         if labels is None:
             return logits

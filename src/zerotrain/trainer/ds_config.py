@@ -1,0 +1,184 @@
+"""The DeepSpeed config a training run uses, built from TrainingArguments as HF does.
+
+    --deepspeed ds.json  (or none: an empty config)
+        key absent        -> the option's value is written in
+        key "auto"        -> the option's value is written in
+        key = value       -> must agree with the option if the user set that option,
+                             otherwise the DeepSpeed value wins and the run uses it
+
+Every disagreement is listed in one ConfigError line. The scheduler block, if present,
+replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+
+_OPTIM_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "momentum": "momentum"}
+_ADAM = ("adamw", "adam")
+
+
+def read_deepspeed(value) -> dict:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return copy.deepcopy(value)
+    text = str(value)
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"deepspeed: invalid JSON string ({e.msg})") from None
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"deepspeed {path}: config file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"deepspeed {path}: not a JSON object ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"deepspeed {path}: the top level should be a JSON object")
+    return data
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, str) or isinstance(b, str):
+        return str(a).lower() == str(b).lower()
+    try:
+        return abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(float(a)))
+    except (TypeError, ValueError):
+        return a == b
+
+
+class _Filler:
+    def __init__(self, args, explicit: set[str]):
+        self.args, self.explicit = args, explicit
+        self.conflicts: list[str] = []
+
+    def match(self, block: dict, key: str, dotted: str, option: str, value, adopt=None):
+        """Fill block[key] from the option, or check it against the option."""
+        if key not in block or block[key] == "auto":
+            block[key] = value
+            return value
+        given = block[key]
+        if _same(given, value):
+            return given
+        if option in self.explicit:
+            self.conflicts.append(f"{dotted}={json.dumps(given)} vs --{option} {value}")
+        elif adopt is not None:
+            adopt(given)
+        return given
+
+
+def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
+                           block_size: int) -> tuple[dict, bool]:
+    """(config for zerotrain.initialize, whether its scheduler block drives the LR). The
+    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known."""
+    ds = read_deepspeed(args.deepspeed)
+    f = _Filler(args, explicit)
+    setter = lambda name: (lambda v: setattr(args, name, type(getattr(args, name))(v)))  # noqa: E731
+    f.match(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", "per_device_train_batch_size",
+            args.per_device_train_batch_size, setter("per_device_train_batch_size"))
+    f.match(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps",
+            args.gradient_accumulation_steps, setter("gradient_accumulation_steps"))
+    total = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
+    if ds.get("train_batch_size", "auto") not in ("auto", total):
+        f.conflicts.append(f"train_batch_size={ds['train_batch_size']} vs per_device_train_batch_size "
+                           f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
+                           f"{args.gradient_accumulation_steps} x {world_size} processes = {total}")
+    ds["train_batch_size"] = total
+    f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
+            setter("max_grad_norm"))
+    for name in ("fp16", "bf16"):
+        key = "bfloat16" if name == "bf16" and "bfloat16" in ds else name
+        block = ds.setdefault(key, {})
+        if isinstance(block, dict):
+            f.match(block, "enabled", f"{key}.enabled", name, getattr(args, name), setter(name))
+    _optimizer(ds, args, f)
+    uses_ds_scheduler = isinstance(ds.get("scheduler"), dict)
+    if uses_ds_scheduler and "lr_scheduler_type" in explicit:
+        f.conflicts.append(f"scheduler.type={ds['scheduler'].get('type')} vs --lr_scheduler_type "
+                           f"{args.lr_scheduler_type} (both choose the schedule; keep one)")
+    if uses_ds_scheduler:
+        params = ds["scheduler"].setdefault("params", {})
+        for key, value in (("warmup_min_lr", 0.0), ("warmup_max_lr", args.learning_rate)):
+            if params.get(key) == "auto":
+                params[key] = value
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, dict) and hidden_size:
+        for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
+                           ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                           ("prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                           ("stage3_param_persistence_threshold", 10 * hidden_size),
+                           ("param_persistence_threshold", 10 * hidden_size)):
+            if zero.get(key) == "auto":
+                zero[key] = value
+    curriculum = ds.get("curriculum_learning")
+    if isinstance(curriculum, dict) and curriculum.get("max_difficulty") == "auto":
+        curriculum["max_difficulty"] = block_size
+    if f.conflicts:
+        raise ConfigError("the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
+                          + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option")
+    ds.setdefault("steps_per_print", None)
+    if ds["steps_per_print"] is None:
+        del ds["steps_per_print"]
+    return ds, uses_ds_scheduler
+
+
+def _optimizer(ds: dict, args, f: _Filler) -> None:
+    block = ds.get("optimizer")
+    if block is None:
+        params = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
+        if args.optim in _ADAM:
+            params.update(betas=[args.adam_beta1, args.adam_beta2], eps=args.adam_epsilon)
+        if args.optim == "adam":
+            params["adam_w_mode"] = False  # plain Adam: weight decay as an L2 term
+        ds["optimizer"] = {"type": _OPTIM_TYPES[args.optim], "params": params}
+        return
+    if not isinstance(block, dict):
+        return  # load_config reports the type error
+    kind = str(block.get("type", ""))
+    if "optim" in f.explicit and kind.lower() != args.optim:
+        f.conflicts.append(f"optimizer.type={kind} vs --optim {args.optim}")
+    params = block.setdefault("params", {})
+    setter = lambda name: (lambda v: setattr(args, name, float(v)))  # noqa: E731
+    f.match(params, "lr", "optimizer.params.lr", "learning_rate", args.learning_rate, setter("learning_rate"))
+    f.match(params, "weight_decay", "optimizer.params.weight_decay", "weight_decay", args.weight_decay,
+            setter("weight_decay"))
+    if kind.lower() in _ADAM or "betas" in params or "eps" in params:
+        betas = params.get("betas", "auto")
+        if betas == "auto":
+            params["betas"] = [args.adam_beta1, args.adam_beta2]
+        elif isinstance(betas, list) and len(betas) == 2:
+            for i, name in enumerate(("adam_beta1", "adam_beta2")):
+                sub = {"b": betas[i]}
+                f.match(sub, "b", f"optimizer.params.betas[{i}]", name, getattr(args, name), setter(name))
+                betas[i] = sub["b"] if sub["b"] != "auto" else getattr(args, name)
+        f.match(params, "eps", "optimizer.params.eps", "adam_epsilon", args.adam_epsilon, setter("adam_epsilon"))
+
+
+def fill_schedule(ds: dict, warmup_steps: int, total_steps: int) -> dict:
+    """Write the step counts into the scheduler block where it says "auto"."""
+    params = (ds.get("scheduler") or {}).get("params") or {}
+    for key, value in (("warmup_num_steps", warmup_steps), ("total_num_steps", total_steps)):
+        if params.get(key) == "auto":
+            params[key] = value
+    return ds
+
+
+def check_no_auto_left(node, path: str = "") -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            check_no_auto_left(v, f"{path}.{k}" if path else k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_no_auto_left(v, f"{path}[{i}]")
+    elif node == "auto":
+        raise ConfigError(f"deepspeed: {path} is \"auto\", but the trainer has no option that fills it; "
+                          "give a value")

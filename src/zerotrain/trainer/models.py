@@ -1,0 +1,284 @@
+"""Which model a run trains, and how a trained one is written and read back.
+
+    model_name_or_path   a local folder: an HF model (config.json + weights) or one of ours
+                         (zerotrain_model.json + model.safetensors)
+    model_config         from scratch: a preset name or a JSON/YAML config file
+    init_from            after building: copy matching weights (strict=False), report the rest
+
+Nothing here downloads: the HF classes are built from configs or read from local folders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
+
+log = logging.getLogger("zerotrain")
+
+OURS_FILE = "zerotrain_model.json"
+WEIGHTS_FILE = "model.safetensors"
+
+PRESETS = {
+    "gpt-tiny": {"zerotrain_model": "gpt", "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128},
+    "gpt-small": {"zerotrain_model": "gpt", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 256},
+    "bert-tiny": {"zerotrain_model": "bert", "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128},
+    "bert-small": {"zerotrain_model": "bert", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 256},
+    "gpt2-tiny": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128},
+    "llama-tiny": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128},
+}
+_OURS = {"gpt": (GPTConfig, {"clm": GPT}),
+         "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """What the rest of the run needs to know about the model."""
+
+    kind: str  # "gpt", "bert" or "hf"
+    task: str
+    max_positions: int | None
+    hidden_size: int | None
+    config: dict  # ours: the dataclass fields; hf: config.to_dict()
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"model_config {path}: cannot read ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model_config {path}: expected a mapping of config keys")
+    return data
+
+
+def _build_ours(spec: dict, task: str, tokenizer, num_labels: int | None) -> tuple[nn.Module, ModelInfo]:
+    spec = dict(spec)
+    name = spec.pop("zerotrain_model")
+    if name not in _OURS:
+        raise ConfigError(f"zerotrain_model: should be gpt or bert, got {name!r}")
+    cfg_cls, heads = _OURS[name]
+    if task not in heads:
+        raise ConfigError(f"task {task}: the zerotrain {name} model supports {', '.join(heads)}; use "
+                          f"{'a bert model' if name == 'gpt' else 'a gpt model'} or an HF config")
+    names = {f.name for f in dataclasses.fields(cfg_cls)}
+    unknown = sorted(set(spec) - names)
+    if unknown:
+        raise ConfigError(f"model_config: unknown key {unknown[0]!r} for the zerotrain {name} model; "
+                          f"keys are {', '.join(sorted(names))}")
+    if tokenizer is not None:
+        spec["vocab_size"] = len(tokenizer)
+    if task == "classification" and num_labels:
+        spec["num_labels"] = num_labels
+    cfg = cfg_cls(**spec)
+    model = heads[task](cfg)
+    return model, ModelInfo(name, task, cfg.n_positions, cfg.n_embd, dataclasses.asdict(cfg))
+
+
+def _hf_class(task: str):
+    import transformers
+
+    return {"clm": transformers.AutoModelForCausalLM, "mlm": transformers.AutoModelForMaskedLM,
+            "classification": transformers.AutoModelForSequenceClassification}[task]
+
+
+def _hf_info(model, task: str) -> ModelInfo:
+    cfg = model.config
+    positions = next((getattr(cfg, k) for k in ("n_positions", "max_position_embeddings") if hasattr(cfg, k)), None)
+    hidden = next((getattr(cfg, k) for k in ("hidden_size", "n_embd") if hasattr(cfg, k)), None)
+    return ModelInfo("hf", task, positions, hidden, cfg.to_dict())
+
+
+def _build_hf_from_config(spec: dict, task: str, tokenizer, num_labels: int | None):
+    import transformers
+
+    spec = dict(spec)
+    model_type = spec.pop("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **spec)
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"model_config: {str(e).splitlines()[0]}") from None
+    if tokenizer is not None:
+        cfg.vocab_size = len(tokenizer)
+        cfg.pad_token_id = tokenizer.pad_token_id
+        if tokenizer.eos_token_id is not None:
+            cfg.eos_token_id = cfg.bos_token_id = tokenizer.eos_token_id
+    if task == "classification" and num_labels:
+        cfg.num_labels = num_labels
+    try:
+        model = _hf_class(task).from_config(cfg)
+    except ValueError as e:
+        raise ConfigError(f"model_config: {model_type} has no {task} model ({str(e).splitlines()[0]})") from None
+    return model, _hf_info(model, task)
+
+
+def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
+                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    if model_name_or_path and model_config:
+        raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
+                          "config, not both")
+    if model_name_or_path:
+        return load_model(model_name_or_path, task, num_labels)
+    if not model_config:
+        raise ConfigError("no model: pass --model_name_or_path FOLDER or --model_config "
+                          f"({', '.join(PRESETS)} or a config file)")
+    if model_config in PRESETS:
+        spec = PRESETS[model_config]
+    else:
+        path = Path(model_config).expanduser()
+        if not path.is_file():
+            from ..errors import did_you_mean
+
+            raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
+                              f"existing file{did_you_mean(model_config, PRESETS)}")
+        spec = _read_mapping(path)
+    if "zerotrain_model" in spec:
+        return _build_ours(spec, task, tokenizer, num_labels)
+    if "model_type" in spec:
+        return _build_hf_from_config(spec, task, tokenizer, num_labels)
+    raise ConfigError("model_config: needs \"model_type\" (an HF config) or \"zerotrain_model\": gpt|bert")
+
+
+# ---- folders -------------------------------------------------------------------------------
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Model weights of a folder we or HF wrote, or of a training checkpoint (stages 0-2)."""
+    from safetensors.torch import load_file
+
+    from ..checkpoint.store import load_file as load_checkpoint_file
+
+    if (folder / WEIGHTS_FILE).is_file():
+        return load_file(str(folder / WEIGHTS_FILE))
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    if (folder / "model_states.pt").is_file():
+        return load_checkpoint_file(folder, "model_states.pt")["module"]
+    raise ConfigError(f"{folder}: no model weights ({WEIGHTS_FILE}, pytorch_model.bin or model_states.pt)")
+
+
+def load_model(path_text: str, task: str, num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    folder = Path(path_text).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
+    if (folder / OURS_FILE).is_file():
+        meta = json.loads((folder / OURS_FILE).read_text(encoding="utf-8"))
+        spec = {"zerotrain_model": meta["model"], **meta["config"]}
+        if task == "classification" and num_labels:
+            spec["num_labels"] = num_labels
+        model, info = _build_ours(spec, task, None, None)
+        load_matching(model, read_weights(folder), str(folder), strict=meta.get("task") == task)
+        return model, info
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
+    kwargs = {"num_labels": num_labels} if task == "classification" and num_labels else {}
+    try:
+        model = _hf_class(task).from_pretrained(str(folder), **kwargs)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model_name_or_path {folder}: cannot load ({str(e).splitlines()[0]})") from None
+    return model, _hf_info(model, task)
+
+
+def _tied_aliases(model: nn.Module) -> set[str]:
+    seen, aliases = {}, set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            aliases.add(name)
+        seen.setdefault(id(p), name)
+    return aliases
+
+
+def load_matching(model: nn.Module, state: dict, source: str, strict: bool = False) -> tuple[list, list]:
+    """load_state_dict(strict=False) that ignores tied copies and says what did not match."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in _tied_aliases(model)]
+    if strict and (missing or unexpected):
+        raise ConfigError(f"{source}: weights do not match the model (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    return missing, unexpected
+
+
+def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+    folder = Path(path_text).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"init_from {folder}: not a folder")
+    missing, unexpected = load_matching(model, read_weights(folder), str(folder))
+    if rank == 0:
+        print(f"init_from {folder}: loaded with strict=False\n  missing keys (newly initialised): "
+              f"{', '.join(missing) or 'none'}\n  unexpected keys (ignored): {', '.join(unexpected) or 'none'}",
+              flush=True)
+
+
+def save_model(folder: Path, model: nn.Module, info: ModelInfo, state: dict, tokenizer=None) -> None:
+    """Write weights + config (+ tokenizer) so load_model / from_pretrained can read them back."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if info.kind == "hf":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one bar per save would clutter the training log
+        model.save_pretrained(str(folder), state_dict=state)
+    else:
+        aliases = _tied_aliases(model)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items() if k not in aliases}
+        save_file(tensors, str(folder / WEIGHTS_FILE))
+        meta = {"model": info.kind, "task": info.task, "config": info.config}
+        (folder / OURS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+
+
+# ---- gradient checkpointing ----------------------------------------------------------------
+_CHECKPOINTED: dict[type, type] = {}
+
+
+def _checkpointed_class(cls: type) -> type:
+    """A subclass whose __call__ runs under torch.utils.checkpoint. Changing the block's class
+    (not wrapping it) keeps parameter names, and the module hooks (ZeRO-3 gathers) run inside
+    the checkpointed call, so the recompute in backward gathers again."""
+
+    def __call__(self, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return cls.__call__(self, *args, **kwargs)
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(cls.__call__, self, *args, use_reentrant=False, **kwargs)
+
+    if cls not in _CHECKPOINTED:
+        _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": __call__})
+    return _CHECKPOINTED[cls]
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> int:
+    """Recompute every transformer block in backward; returns the number of blocks."""
+    from ..layerdrop import find
+
+    lists = find(model)
+    if not lists:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
+        if hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
+        raise ConfigError(f"gradient_checkpointing: {type(model).__name__} has no block list zerotrain knows; "
+                          "use a zerotrain or HF model")
+    count = 0
+    for blocks in lists:
+        for block in blocks._modules.values():
+            block.__class__ = _checkpointed_class(type(block))
+            count += 1
+    return count

@@ -1,0 +1,64 @@
+"""One PNG of a run from its metrics.jsonl: every curve against optimizer steps (left column)
+and against trained tokens (right column).
+
+    row 1  training loss and eval loss
+    row 2  learning rate
+    row 3  curriculum sequence length and layer-drop theta (when the run had them)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .metrics import read_metrics
+
+
+def _series(records: list[dict], key: str) -> tuple[list, list, list]:
+    rows = [r for r in records if key in r and r[key] is not None]
+    return [r["step"] for r in rows], [r.get("tokens", 0) for r in rows], [r[key] for r in rows]
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..errors import DataError
+
+    records = read_metrics(run_dir)
+    if not any("loss" in r for r in records):
+        raise DataError(f"{Path(run_dir) / 'metrics.jsonl'}: no training loss logged yet")
+    out = Path(out) if out else Path(run_dir) / "plot.png"
+    extra = [k for k in ("seqlen", "theta") if any(k in r for r in records)]
+    rows = 2 + (1 if extra else 0)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.2 * rows), squeeze=False)
+    for col, (xi, xlabel) in enumerate(((0, "optimizer step"), (1, "tokens trained"))):
+        ax = axes[0][col]
+        for key, label, style in (("loss", "train loss", "-"), ("eval_loss", "eval loss", "o-")):
+            s = _series(records, key)
+            if s[2]:
+                ax.plot(s[xi], s[2], style, label=label, markersize=3)
+        ax.set_ylabel("loss")
+        ax.legend()
+        s = _series(records, "lr")
+        axes[1][col].plot(s[xi], s[2], color="tab:green")
+        axes[1][col].set_ylabel("learning rate")
+        if extra:
+            ax = axes[2][col]
+            s = _series(records, extra[0])
+            ax.plot(s[xi], s[2], color="tab:purple", label=extra[0])
+            ax.set_ylabel(extra[0])
+            if len(extra) > 1:
+                twin = ax.twinx()
+                s = _series(records, extra[1])
+                twin.plot(s[xi], s[2], color="tab:orange", label=extra[1])
+                twin.set_ylabel(extra[1])
+        for r in range(rows):
+            axes[r][col].grid(alpha=0.3)
+        axes[rows - 1][col].set_xlabel(xlabel)
+    fig.suptitle(f"zerotrain run: {Path(run_dir).resolve().name}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
