@@ -125,5 +125,8 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
         if not errors:
             raise
         Path(errors, f"rank{os.environ.get('RANK', '0')}.txt").write_text(str(e), encoding="utf-8")
+        from ..dist import shutdown
+
+        shutdown()
         return 2
     return 0

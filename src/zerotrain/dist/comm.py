@@ -83,6 +83,13 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
                          backend=backend)
 
 
+def shutdown() -> None:
+    """Leave the process group before exiting early (a rank that stops on a user error):
+    exiting with a live gloo group makes its threads abort the process noisily."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class Comm:
     """Collectives over the data-parallel group; each is a no-op when world size is 1."""
 
