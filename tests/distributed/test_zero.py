@@ -307,3 +307,11 @@ def test_zero_init_builds_a_partitioned_model_that_trains_like_a_whole_one(world
     for p, w in zip(partitioned, whole):
         assert_params_close(p["start"], w["start"], rtol=0)  # same initial weights (GPT uses apply)
         assert_params_close(p["end"], w["end"], rtol=0)
+
+
+def test_stage3_prefetch_window_does_not_grow(world2):
+    """The prefetch bucket bounds what is gathered ahead in total, not per module: a window
+    that is topped up at every module would end up holding the whole model."""
+    for r in world2.run(live_parameter_peak, 10**9, 5_000):
+        assert r["peak"] <= 5_000 + r["largest_module"] + r["tied"]
+        assert r["peak"] < r["total"]

@@ -16,7 +16,6 @@ import torch
 
 from .flat import ALIGN
 from .init import full_shape, is_partitioned
-from .pool import BufferPool
 
 
 class ShardedGroup:
@@ -98,7 +97,6 @@ class Gatherer:
         self.device, self.dtype = device, dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         self._empty = torch.empty(0, dtype=dtype, device=device)
-        self.pool = BufferPool(dtype, device)
         self.buffer_of: dict[int, torch.Tensor] = {}
         for g in groups:
             for p, shape, c in zip(g.params, g.shapes, g.numels):
@@ -120,7 +118,7 @@ class Gatherer:
             todo = [i for i in indices if id(group.params[i]) not in self.whole
                     and id(group.params[i]) not in self.in_flight]
             for lo, hi, run in group.runs(todo):
-                gathered = self.pool.take(ws * (hi - lo))
+                gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
                 work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
                 pending.runs.append((gi, run, gathered, work))
                 for i in run:
@@ -141,7 +139,6 @@ class Gatherer:
                 group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
             torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
                                         out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
-            self.pool.give(gathered)
             for i in run:
                 p = group.params[i]
                 self.whole[id(p)] = p

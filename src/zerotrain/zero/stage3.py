@@ -85,9 +85,9 @@ class ShardedParameters:
         self._traces = {False: [], True: []}  # last pass's module order (forward, backward)
         self._now = {False: [], True: []}
         self._hooks = self._register_module_hooks(module)
+        self.owner_numel = [sum(self.gatherer.numel_of[id(p)] for p in ps) for ps in self.owner_params]
         if self.prefetch_numel is None:  # about two of the largest modules ahead
-            sizes = [sum(self.gatherer.numel_of[id(p)] for p in ps) for ps in self.owner_params]
-            self.prefetch_numel = 2 * max(sizes, default=0)
+            self.prefetch_numel = 2 * max(self.owner_numel, default=0)
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
         buckets = plan_buckets(self.groups, max(1, bucket_numel // ws), backward_pos)
         self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
@@ -132,14 +132,16 @@ class ShardedParameters:
         trace = self._traces[backward]
         if not self.prefetch_numel or position >= len(trace) or trace[position] != k:
             return
-        budget = self.prefetch_numel
+        window = 0  # elements of the modules ahead, whether already whole, arriving or not
         for following in trace[position + 1 :]:
+            window += self.owner_numel[following]
+            if window > self.prefetch_numel:
+                break
             need = self.gatherer.missing_numel(self.owners[following])
-            if need > budget or self.gatherer.live_numel + need > self.max_live_numel:
+            if need and self.gatherer.live_numel + need > self.max_live_numel:
                 break
             if need:
                 self.gatherer.start(self.owners[following])
-                budget -= need
 
     def _after_forward(self, k: int) -> None:
         if not self.in_backward:  # activation-checkpoint recomputation keeps them for backward
@@ -164,7 +166,7 @@ class ShardedParameters:
         fg, ws = self.groups[group], self.comm.world_size
         b = self.reducer.buckets[buckets[0]]
         if b.data is None:
-            b.data = self.gatherer.pool.take(ws * (b.end - b.start)).view(ws, -1).zero_()
+            b.data = torch.zeros(ws, b.end - b.start, dtype=self.compute_dtype, device=p.grad.device)
         chunk, at = fg.numels[index], fg.offsets[index] - b.start
         grad = p.grad.reshape(-1)
         if grad.numel() != ws * chunk:
@@ -174,23 +176,20 @@ class ShardedParameters:
         self.gatherer.release([p])
 
     def _launch(self, bucket: Bucket):
-        pool = self.gatherer.pool
-        if bucket.data is None:
-            bucket.data = pool.take(self.comm.world_size * (bucket.end - bucket.start)).view(
-                self.comm.world_size, -1).zero_()
+        if bucket.data is None:  # only unused parameters
+            bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
+                                      dtype=self.compute_dtype, device=self.device)
         if self.prescale:
             bucket.data.mul_(1.0 / self.comm.world_size)
         elif self.predivide != 1.0:
             bucket.data.mul_(1.0 / self.predivide)
-        bucket.out = pool.take(bucket.end - bucket.start)
+        bucket.out = torch.empty(bucket.end - bucket.start, dtype=self.compute_dtype, device=self.device)
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
         post = 1.0 if self.prescale else self.predivide / self.comm.world_size
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
-        self.gatherer.pool.give(bucket.out)
-        self.gatherer.pool.give(bucket.data.view(-1))
         bucket.out = None
 
     def end_backward(self) -> None:
