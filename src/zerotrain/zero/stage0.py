@@ -27,6 +27,15 @@ from .offload_plan import OptimizerOffload
 DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 
 
+def attach_and_scale(masters: list[torch.Tensor], grads: list[torch.Tensor], coef: float) -> None:
+    """Give each master its gradient again (a user's optimizer.zero_grad() may have set it to
+    None) and multiply all of them by coef (1/loss scale x clip) in one foreach kernel."""
+    for master, grad in zip(masters, grads):
+        master.grad = grad
+    if coef != 1.0:
+        torch._foreach_mul_(grads, coef)
+
+
 class DataParallel:
     stage = 0
     split_buckets_at_shards = False
@@ -139,12 +148,9 @@ class DataParallel:
 
     def prepare_step(self, coef: float) -> None:
         """Bring gradients into the master grads, multiplied by coef (unscale x clip)."""
-        for master, grad in zip(self.masters, self.master_grads):
-            master.grad = grad
         if self.separate_masters:
             torch._foreach_copy_(self.master_grads, self._step_grads())
-        if coef != 1.0:
-            torch._foreach_mul_(self.master_grads, coef)
+        attach_and_scale(self.masters, self.master_grads, coef)
 
     def after_step(self) -> None:
         if self.separate_masters:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .buckets import Bucket
+from .stage0 import attach_and_scale
 from .stage1 import ShardedOptimizer
 
 
@@ -71,10 +72,7 @@ class ShardedGradients(ShardedOptimizer):
         return self.master_grads
 
     def prepare_step(self, coef: float) -> None:
-        for master, grad in zip(self.masters, self.master_grads):
-            master.grad = grad
-        if coef != 1.0:
-            torch._foreach_mul_(self.master_grads, coef)
+        attach_and_scale(self.masters, self.master_grads, coef)
 
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.master_grads)

@@ -28,6 +28,7 @@ from .offload import rank_folder
 from .offload_plan import OptimizerOffload
 from .param_store import ParamStore
 from .gathered import GatheredParameters, register_owner
+from .stage0 import attach_and_scale
 from .stage1 import sharded_grad_norm
 
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -202,10 +203,7 @@ class ShardedParameters:
         return sharded_grad_norm(self.master_grads, self.comm, loss_scale)
 
     def prepare_step(self, coef: float) -> None:
-        for master, grad in zip(self.masters, self.master_grads):
-            master.grad = grad
-        if coef != 1.0:
-            torch._foreach_mul_(self.master_grads, coef)
+        attach_and_scale(self.masters, self.master_grads, coef)
 
     def after_step(self) -> None:
         if self.separate_masters:
