@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layerdrop import LayerDrop
+from .block import PreLNBlock
 
 
 @dataclass
@@ -34,28 +35,6 @@ class BertConfig:
     bias: bool = True
 
 
-class EncoderBlock(nn.Module):
-    def __init__(self, cfg: BertConfig):
-        super().__init__()
-        c, bias = cfg.n_embd, cfg.bias
-        self.ln_1 = nn.LayerNorm(c, bias=bias)
-        self.qkv = nn.Linear(c, 3 * c, bias=bias)
-        self.proj = nn.Linear(c, c, bias=bias)
-        self.ln_2 = nn.LayerNorm(c, bias=bias)
-        self.fc = nn.Linear(c, 4 * c, bias=bias)
-        self.fc_out = nn.Linear(4 * c, c, bias=bias)
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)), p, self.training)
-        return x + F.dropout(self.fc_out(F.gelu(self.fc(self.ln_2(x)))), p, self.training)
-
-
 class BertEncoder(nn.Module):
     """Returns the final hidden states (batch, seq, n_embd)."""
 
@@ -66,7 +45,8 @@ class BertEncoder(nn.Module):
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.n_embd)
         self.ln_emb = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.blocks = LayerDrop(EncoderBlock(cfg) for _ in range(cfg.n_layer))
+        self.blocks = LayerDrop(PreLNBlock(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, causal=False)
+                                for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, progressive_layer_drop=False,

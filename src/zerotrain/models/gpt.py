@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layerdrop import LayerDrop
+from .block import PreLNBlock
 
 
 @dataclass
@@ -38,36 +39,14 @@ class GPTConfig:
         return cls(**presets[name])
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        bias = cfg.bias
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=bias)
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=bias)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=bias)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=bias)
-        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=bias)
-        self.fc_out = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=bias)
-        self.n_head = cfg.n_head
-        self.dropout = cfg.dropout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
-
-
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.blocks = LayerDrop(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = LayerDrop(PreLNBlock(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias)
+                                for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2

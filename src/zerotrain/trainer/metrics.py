@@ -78,8 +78,7 @@ class MetricsLog:
         self.path = output_dir / METRICS_FILE
         kept = []
         if resume_step is not None and self.path.is_file():  # drop what the killed run logged later
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [json.dumps(r) for r in _records(self.path) if r.get("step", 0) <= resume_step]
         self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         self.tb = None
         if tensorboard:
@@ -105,4 +104,15 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         from ..errors import DataError
 
         raise DataError(f"{path}: not found; pass the output_dir of a `zerotrain train` run")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return _records(path)
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON lines of a metrics file; a line torn by a killed run is skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
