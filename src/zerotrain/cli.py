@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError, NonFiniteStepsError
 
 # name -> (module implementing it, one-line help)
 COMMANDS = {
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return importlib.import_module(COMMANDS[args.command][0]).run(args)
-    except (ConfigError, DataError, CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError, NonFiniteStepsError) as e:
         print(f"zerotrain: error: {e}", file=sys.stderr)
         return 2
 

@@ -23,6 +23,25 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 
 
+class NonFiniteStepsError(RuntimeError):
+    """Too many optimizer steps in a row had non-finite gradients. The parameters and optimizer
+    state are still those of `last_good_step` (skipped steps change neither), so saving a
+    checkpoint after catching this saves the last good state."""
+
+    def __init__(self, message: str, last_good_step: int):
+        super().__init__(message)
+        self.last_good_step = last_good_step
+
+
+class DistributedFaultError(RuntimeError):
+    """A collective failed because another rank died or hung; `ranks` names the culprits
+    (empty when they could not be told)."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Suffix like ', did you mean stage?' or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

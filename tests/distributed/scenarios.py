@@ -43,7 +43,8 @@ def train(config: dict, steps: int, global_batch_size: int, poison: dict | None 
           save: tuple | None = None, load: tuple | None = None) -> dict:
     """Run `steps` optimizer steps; each rank takes its slice of the same global batch.
 
-    poison = {"step": k, "rank": r, "value": inf}: multiply rank r's loss by value at step k.
+    poison = {"step": k, "rank": r, "value": inf}: multiply rank r's loss by value at step k
+    (and the following ones up to "until", if given).
     save = (dir, at_step): save a checkpoint after that many steps.
     load = (dir, tag): load before training and continue from the loaded step.
     """
@@ -63,10 +64,14 @@ def train(config: dict, steps: int, global_batch_size: int, poison: dict | None 
         for m in range(ga):
             x = mine[m * micro : (m + 1) * micro]
             loss = engine(x, labels=x)
-            if poison and poison["step"] == step and poison["rank"] == rank:
+            if poison and poison["step"] <= step <= poison.get("until", poison["step"]) and poison["rank"] == rank:
                 loss = loss * poison["value"]
             engine.backward(loss)
-            engine.step()
+            try:
+                engine.step()
+            except zerotrain.NonFiniteStepsError as e:
+                return {"halted": str(e), "last_good": e.last_good_step, "global_steps": engine.global_steps,
+                        "params": {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}}
             step_loss += loss.item() / ga
         losses.append(step_loss)
         norms.append(engine.get_global_grad_norm())

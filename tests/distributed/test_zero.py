@@ -315,3 +315,16 @@ def test_stage3_prefetch_window_does_not_grow(world2):
     for r in world2.run(live_parameter_peak, 10**9, 5_000):
         assert r["peak"] <= 5_000 + r["largest_module"] + r["tied"]
         assert r["peak"] < r["total"]
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_consecutive_nonfinite_steps_stop_every_rank_with_the_last_good_params(world2, stage):
+    """Only rank 1 sees the NaN, yet both ranks skip and both stop at the same step, holding
+    the parameters of the last good step (those of a run that simply stopped there)."""
+    cfg = zero_config(stage, 2, max_consecutive_skipped_steps=4)
+    ranks = world2.run(train, cfg, 20, 4, poison={"step": 6, "until": 99, "rank": 1, "value": math.nan})
+    assert [r["last_good"] for r in ranks] == [6, 6] and [r["global_steps"] for r in ranks] == [10, 10]
+    assert ranks[0]["halted"] == ranks[1]["halted"]
+    good = world2.run(train, cfg, 6, 4)
+    assert_params_close(ranks[0]["params"], good[0]["params"], rtol=0)
+    assert_params_close(ranks[1]["params"], good[1]["params"], rtol=0)

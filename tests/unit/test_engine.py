@@ -317,6 +317,55 @@ def test_nan_loss_skips_the_step(precision):
     assert not same(snapshot(model), before)
 
 
+def nan_step(engine, i: int, dtype=torch.float32) -> None:
+    x, y = micro_batch(i)
+    engine.backward(mse(engine, x.to(dtype), y) * math.nan)
+    engine.step()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_consecutive_skips_stop_the_run_at_the_limit_with_the_last_good_state(precision, tmp_path):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    extra = {precision: {"enabled": True}} if precision != "fp32" else {}
+    model = mlp()
+    engine, *_ = zerotrain.initialize(model=model, config=config(max_consecutive_skipped_steps=3, **extra))
+    train_engine(engine, 2, 1, dtype=dtype)
+    good = snapshot(model)
+    nan_step(engine, 10, dtype)
+    nan_step(engine, 11, dtype)
+    train_engine(engine, 1, 1, dtype=dtype)  # a good step resets the count
+    good = snapshot(model)
+    nan_step(engine, 12, dtype)
+    nan_step(engine, 13, dtype)
+    with pytest.raises(zerotrain.NonFiniteStepsError, match=r"step 8: 3 optimizer steps in a row.*after step 5") as err:
+        nan_step(engine, 14, dtype)
+    assert err.value.last_good_step == 5
+    assert "\n" not in str(err.value)
+    assert engine.global_steps == 8 and engine.skipped_steps == 5
+    assert same(snapshot(model), good)
+    # the state saved after the stop is the last good one, and it loads
+    engine.save_checkpoint(tmp_path, tag="halted")
+    model2 = mlp(seed=1)
+    engine2, *_ = zerotrain.initialize(model=model2, config=config(**extra))
+    engine2.load_checkpoint(tmp_path)
+    assert same(snapshot(model2), good) and engine2.global_steps == 8
+
+
+def test_skip_limit_zero_never_stops():
+    engine, *_ = zerotrain.initialize(model=mlp(), config=config(max_consecutive_skipped_steps=0))
+    for i in range(120):
+        nan_step(engine, i)
+    assert engine.skipped_steps == 120
+
+
+def test_skip_limit_defaults_to_100():
+    engine, *_ = zerotrain.initialize(model=mlp(), config=config())
+    for i in range(99):
+        nan_step(engine, i)
+    with pytest.raises(zerotrain.NonFiniteStepsError):
+        nan_step(engine, 99)
+
+
 # ---- 4. param groups -----------------------------------------------------------------------
 def test_param_groups_keep_their_own_lr():
     model = mlp()

@@ -18,11 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError
 from ..trainer import args as targs
 
 _ERROR_DIR = "ZEROTRAIN_ERROR_DIR"
-_USER_ERRORS = (ConfigError, DataError, CheckpointError)
+_USER_ERRORS = (ConfigError, DataError, CheckpointError, NonFiniteStepsError, DistributedFaultError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,12 +88,12 @@ def _copy(train_args):
 
 
 def _launch(argv: list[str], nproc: int) -> int:
-    from ..dist.launch import launch_module
+    from ..dist.launch import run_ranks
 
     with tempfile.TemporaryDirectory(prefix="zerotrain-errors-") as errors:
         os.environ[_ERROR_DIR] = errors
         try:
-            code = launch_module("zerotrain", ["train", *argv], nproc, quiet=True)
+            code, failed_rank = run_ranks("zerotrain", ["train", *argv], nproc, quiet=True)
         finally:
             del os.environ[_ERROR_DIR]
         messages = [p.read_text(encoding="utf-8").strip() for p in sorted(Path(errors).glob("rank*.txt"))]
@@ -101,7 +101,8 @@ def _launch(argv: list[str], nproc: int) -> int:
         print(f"zerotrain: error: {messages[0]}", file=sys.stderr, flush=True)
         return 2
     if code != 0:
-        print(f"zerotrain: training failed (exit code {code}); see the rank output above", file=sys.stderr, flush=True)
+        where = f"rank {failed_rank} exited with code {code}" if failed_rank is not None else f"exit code {code}"
+        print(f"zerotrain: training failed: {where}; see the rank output above", file=sys.stderr, flush=True)
     return code
 
 

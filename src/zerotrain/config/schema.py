@@ -362,6 +362,9 @@ class ZeroTrainConfig(Block):
     gradient_accumulation_steps: Int | None = Field(None, description="Micro-batches per optimizer step.")
     steps_per_print: Int | None = Field(None, ge=1, description="Log progress every this many steps; none is silent.")
     wall_clock_breakdown: bool = Field(False, description="Time forward, backward and step.")
+    max_consecutive_skipped_steps: Int = Field(
+        100, ge=0, description="Stop (NonFiniteStepsError) after this many optimizer steps in a row are skipped "
+                               "for non-finite gradients; 0 never stops. zerotrain only.")
     gradient_clipping: Float = Field(1.0, ge=0.0, description="Max global grad L2 norm; 0 disables clipping.")
     prescale_gradients: bool = Field(False, description="Divide grads by world size before all-reduce.")
     gradient_predivide_factor: Float = Field(1.0, gt=0.0, description="Divide grads by this before all-reduce.")

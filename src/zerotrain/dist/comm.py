@@ -14,13 +14,22 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DistributedFaultError
+from .watchdog import Heartbeat
 
 # torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+# One per process, started when it joins a world: the collectives counter lives in it, so every
+# Comm of the process counts into the same sequence (the one every rank walks through).
+_heartbeat: Heartbeat | None = None
+_timeout_s: float | None = None
+# The backend gets ddp_timeout minus the time naming the culprit takes, so the error line
+# still comes within ddp_timeout.
+_DIAGNOSIS_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -71,8 +80,10 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             kwargs = {}
             if timeout_s is not None:
-                kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+                backend_s = timeout_s - _DIAGNOSIS_S if timeout_s > 2 * _DIAGNOSIS_S else timeout_s
+                kwargs["timeout"] = datetime.timedelta(seconds=backend_s)
             dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
+        _start_heartbeat(rank, world, timeout_s)
     local_rank = _env_int("LOCAL_RANK", rank)
     if torch.cuda.is_available() and backend in (None, "nccl"):
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -83,11 +94,57 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
                          backend=backend)
 
 
+def _start_heartbeat(rank: int, world: int, timeout_s: float | None) -> None:
+    global _heartbeat, _timeout_s
+    if timeout_s is not None:
+        _timeout_s = timeout_s
+    if _heartbeat is not None or world == 1:
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError):  # a group without a store: faults go unnamed
+        return
+    _heartbeat = Heartbeat(store, rank, world).start()
+
+
 def shutdown() -> None:
     """Leave the process group before exiting early (a rank that stops on a user error):
     exiting with a live gloo group makes its threads abort the process noisily."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _fault(rank: int, what: str, error: Exception) -> DistributedFaultError:
+    """The backend's error turned into one line that names the culprit rank(s)."""
+    cause = " ".join(str(error).split())[:160] or type(error).__name__
+    waited = f" (ddp_timeout {_timeout_s:g} s)" if _timeout_s is not None else ""
+    if _heartbeat is None:
+        return DistributedFaultError(f"rank {rank}: {what} failed{waited}: {cause}", [])
+    ranks, why = _heartbeat.diagnose()
+    head = f"rank {rank}: {what} (collective {_heartbeat.collectives}) failed{waited}"
+    return DistributedFaultError(f"{head}: {why or 'no other rank looks dead or hung'}; backend said: {cause}", ranks)
+
+
+def _entered() -> None:
+    if _heartbeat is not None:
+        _heartbeat.collectives += 1
+
+
+class _Watched:
+    """An async handle whose wait() turns a backend failure into a DistributedFaultError."""
+
+    def __init__(self, work, rank: int, what: str):
+        self.work, self.rank, self.what = work, rank, what
+
+    def wait(self):
+        try:
+            return self.work.wait()
+        except RuntimeError as e:
+            raise _fault(self.rank, self.what, e) from None
 
 
 class Comm:
@@ -109,42 +166,54 @@ class Comm:
     def alone(self) -> bool:
         return self.state.world_size == 1
 
+    def _call(self, what: str, fn, *args, async_op: bool = False, **kwargs):
+        _entered()
+        try:
+            work = fn(*args, group=self.group, async_op=async_op, **kwargs)
+        except RuntimeError as e:
+            raise _fault(self.rank, what, e) from None
+        return _Watched(work, self.rank, what) if async_op else None
+
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
         if self.alone:
             return _DoneWork() if async_op else None
-        return dist.all_reduce(tensor, op=_OPS[op], group=self.group, async_op=async_op)
+        return self._call("all_reduce", dist.all_reduce, tensor, op=_OPS[op], async_op=async_op)
 
     def reduce(self, tensor: torch.Tensor, dst: int, async_op: bool = False):
         """Sum `tensor` across ranks into rank `dst` (elsewhere it is left as scratch)."""
         if self.alone:
             return _DoneWork() if async_op else None
-        return dist.reduce(tensor, dst=dst, group=self.group, async_op=async_op)
+        return self._call("reduce", dist.reduce, tensor, dst=dst, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         """Sum `inp` (world_size equal chunks) across ranks; this rank keeps its chunk in `out`."""
         if self.alone:
             out.copy_(inp)
             return _DoneWork() if async_op else None
-        return _reduce_scatter_flat(out, inp, group=self.group, async_op=async_op)
+        return self._call("reduce_scatter", _reduce_scatter_flat, out, inp, async_op=async_op)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         """Concatenate every rank's `inp` into `out` (rank order)."""
         if self.alone:
             out.copy_(inp)
             return _DoneWork() if async_op else None
-        return _all_gather_flat(out, inp, group=self.group, async_op=async_op)
+        return self._call("all_gather", _all_gather_flat, out, inp, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         if not self.alone:
-            dist.broadcast(tensor, src=src, group=self.group)
+            self._call("broadcast", dist.broadcast, tensor, src=src)
 
     def all_gather_object(self, obj) -> list:
         if self.alone:
             return [obj]
         out = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        _entered()
+        try:
+            dist.all_gather_object(out, obj, group=self.group)
+        except RuntimeError as e:
+            raise _fault(self.rank, "all_gather_object", e) from None
         return out
 
     def barrier(self) -> None:
         if not self.alone:
-            dist.barrier(group=self.group)
+            self._call("barrier", dist.barrier)

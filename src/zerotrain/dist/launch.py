@@ -31,6 +31,11 @@ def _quiet_elastic(quiet: bool):
 def launch_module(module: str, args: list[str], nproc: int, quiet: bool = False) -> int:
     """Run `python -m module *args` on `nproc` local ranks; returns the job's exit code (the
     first failed rank's code when one fails). `quiet` drops torchrun's failure report."""
+    return run_ranks(module, args, nproc, quiet)[0]
+
+
+def run_ranks(module: str, args: list[str], nproc: int, quiet: bool = False) -> tuple[int, int | None]:
+    """launch_module that also says which rank failed first: (exit code, rank or None)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -41,13 +46,14 @@ def launch_module(module: str, args: list[str], nproc: int, quiet: bool = False)
             # the port between choosing it and binding it
             torchrun(["--standalone", "--nproc_per_node", str(nproc), "-m", module, *args])
     except SystemExit as e:
-        return int(e.code or 0)
+        return int(e.code or 0), None
     except ChildFailedError as e:
-        _, failure = e.get_first_failure()
+        rank, failure = e.get_first_failure()
         if not quiet:  # the failing rank's traceback is printed above
-            print(f"zerotrain: {module} failed on a rank (exit code {failure.exitcode})", flush=True)
-        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+            print(f"zerotrain: {module} failed on rank {rank} (exit code {failure.exitcode})", flush=True)
+        code = failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+        return code, rank
     except Exception as e:
         print(f"zerotrain: {module} failed on a rank ({e.__class__.__name__})", flush=True)
-        return 1
-    return 0
+        return 1, None
+    return 0, None

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ..errors import NonFiniteStepsError
 from .hooks import EngineFeature
 from .timers import Timers
 
@@ -52,6 +53,7 @@ class Engine(torch.nn.Module):
         self._window_samples = 0
         self._window_overflows = 0
         self._last_overflow_log = -(10**9)
+        self._consecutive_skips = 0
 
     # ---- DeepSpeed-style accessors -------------------------------------------------------
     @property
@@ -143,13 +145,16 @@ class Engine(torch.nn.Module):
         return loss
 
     def step(self, lr_kwargs: dict | None = None) -> None:
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             if self.optimizer is None:
                 raise RuntimeError("engine.step() needs an optimizer: add an \"optimizer\" block to "
                                    "the config or pass optimizer= to zerotrain.initialize")
             with self._timers("step"):
                 self._boundary_step(lr_kwargs or {})
         self.micro_steps += 1
+        if boundary:
+            self._check_skip_limit()  # after the counters, so a checkpoint saved now resumes cleanly
 
     def _boundary_step(self, lr_kwargs: dict) -> None:
         for feature in self.features:
@@ -162,9 +167,11 @@ class Engine(torch.nn.Module):
         self._grad_norm = norm
         if overflow:
             self.skipped_steps += 1
+            self._consecutive_skips += 1
             self.strategy.zero_grad()
             self._note_overflow(scale)
         else:
+            self._consecutive_skips = 0
             coef = 1.0 / scale
             clip = self.config.gradient_clipping
             if clip > 0 and norm > clip:
@@ -193,6 +200,17 @@ class Engine(torch.nn.Module):
             log.warning("step %d: %s, skipped the step (%d skipped so far; loss scale %g -> %g)",
                         self.global_steps + 1, what, self.skipped_steps, scale, self.loss_scale)
             self._last_overflow_log = self.global_steps
+
+    def _check_skip_limit(self) -> None:
+        """Every rank takes the same decision (the norm is global), so all raise together."""
+        limit = self.config.max_consecutive_skipped_steps
+        if limit and self._consecutive_skips >= limit:
+            last_good = self.global_steps - self._consecutive_skips
+            raise NonFiniteStepsError(
+                f"step {self.global_steps}: {limit} optimizer steps in a row had non-finite gradients "
+                f"(max_consecutive_skipped_steps={limit}); the parameters and optimizer state are still those "
+                f"after step {last_good}: lower the learning rate, check the data, or raise the limit",
+                last_good_step=last_good)
 
     def _print_progress(self) -> None:
         """Rank 0 prints the mean loss over all ranks since the last line (all ranks join)."""

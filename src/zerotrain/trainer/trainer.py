@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 import zerotrain
 
 from ..dist import Comm, init_parallel
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, NonFiniteStepsError
 from ..schedules import get_scheduler, resolve_warmup_steps
 from . import checkpoints as ckpt
 from .args import TrainingArguments
@@ -158,7 +158,12 @@ class Trainer:
                 if self.micro_in_epoch >= self.micro_per_epoch:
                     break  # the remainder that does not fill an optimizer step
                 boundary = engine.is_gradient_accumulation_boundary()
-                loss, tokens = batches.train_step(batch)
+                try:
+                    loss, tokens = batches.train_step(batch)
+                except NonFiniteStepsError as e:
+                    self.micro_in_epoch += 1
+                    folder = self.save_checkpoint()
+                    raise NonFiniteStepsError(f"{e}; saved that state to {folder}", e.last_good_step) from None
                 self.micro_in_epoch += 1
                 stats = torch.tensor([loss, 1.0, tokens], dtype=torch.float64)
                 if not boundary:
