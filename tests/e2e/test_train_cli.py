@@ -62,6 +62,27 @@ def state(run_dir: Path) -> dict:
 COMMON = ["--cache_dir", "cache", "--disable_tqdm", "--logging_steps", "1", "--per_device_train_batch_size", "4"]
 
 
+def wait_for_no_process_with(cwd: Path, *argv: str, timeout: float = 10.0) -> bool:
+    """True once no process running in `cwd` has `argv` in a row on its command line."""
+    def alive() -> bool:
+        for proc in Path("/proc").iterdir():
+            try:
+                args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                here = os.readlink(proc / "cwd")
+            except OSError:
+                continue
+            if here == str(cwd) and any(args[i:i + len(argv)] == list(argv) for i in range(len(args))):
+                return True
+        return False
+
+    deadline = time.time() + timeout
+    while alive():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_killed_run_resumes_to_the_same_losses(tmp_path):
     text_file(tmp_path / "train.txt", 600)
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1},
@@ -80,6 +101,8 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path):
         time.sleep(0.02)
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
+    # the ranks (torchrun puts each in a session of its own) go down with the launcher
+    assert wait_for_no_process_with(tmp_path, "--output_dir", "cut"), "orphaned ranks kept training"
     killed_at = max(r["step"] for r in metrics(tmp_path / "cut"))
     assert killed_at < 30, "the job finished before it could be killed"
 

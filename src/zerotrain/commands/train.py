@@ -117,6 +117,10 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
         argv = ([args.options_file] if args.options_file else []) + \
             [item for k, v in cli.items() for item in (f"--{k}", str(v))]
         return _launch(argv, nproc)
+    if os.environ.get(_ERROR_DIR):  # a rank of our own launcher: go down with it
+        from ..dist.launch import die_with_launcher
+
+        die_with_launcher()
     from ..trainer.pipeline import run as run_pipeline
 
     try:

@@ -73,6 +73,7 @@ def load_config(
 
 def _read(config: Any) -> dict:
     if isinstance(config, dict):
+        _check_depth(config)  # before deepcopy, which would recurse as deep as the input
         return copy.deepcopy(config)
     if not isinstance(config, (str, os.PathLike)):
         raise ConfigError(f"config should be a dict or a path to a JSON file, got {type(config).__name__}")
@@ -90,9 +91,31 @@ def _read(config: Any) -> dict:
         raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: key {exc.args[0]!r} appears twice in one object; keep one") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer with more digits than int() converts
+        raise ConfigError(f"{path}: invalid JSON: {str(exc).split(':')[0]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level should be a JSON object, got {type(data).__name__}")
+    _check_depth(data)
     return data
+
+
+# The deepest DeepSpeed setting is about 7 levels down; anything far deeper is a mistake or a
+# dict that contains itself, and would otherwise end in a RecursionError somewhere below.
+_MAX_DEPTH = 32
+
+
+def _check_depth(node: Any, key: Any = None, depth: int = 0) -> None:
+    if depth > _MAX_DEPTH:
+        raise ConfigError(f"{key}: nested more than {_MAX_DEPTH} levels deep (or contains itself); "
+                          "no setting is that deep")
+    if isinstance(node, dict):
+        for k, value in node.items():
+            _check_depth(value, k if key is None else key, depth + 1)
+    elif isinstance(node, (list, tuple, set, frozenset)):
+        for value in node:
+            _check_depth(value, key, depth + 1)
 
 
 class _DuplicateKey(Exception):
@@ -111,7 +134,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
 
 def _reject_unsupported(raw: dict) -> None:
     for key in raw:
-        if key in UNSUPPORTED_KEYS or key.startswith(_UNSUPPORTED_PREFIX):
+        if isinstance(key, str) and (key in UNSUPPORTED_KEYS or key.startswith(_UNSUPPORTED_PREFIX)):
             raise ConfigError(f"{key}: DeepSpeed option not supported by zerotrain; remove it from the config")
 
 

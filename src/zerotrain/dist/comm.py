@@ -53,6 +53,9 @@ class _DoneWork:
     def wait(self) -> bool:
         return True
 
+    def is_completed(self) -> bool:
+        return True
+
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -145,6 +148,9 @@ class _Watched:
             return self.work.wait()
         except RuntimeError as e:
             raise _fault(self.rank, self.what, e) from None
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
 
 
 class Comm:

@@ -7,6 +7,25 @@ import contextlib
 import logging
 import os
 import socket
+import sys
+
+
+def die_with_launcher() -> None:
+    """In a rank started by launch_module: die when the launcher dies. torchrun starts each
+    rank in a session of its own, so a SIGKILL to the launcher's process group would
+    otherwise leave the ranks training on, orphaned, into the same output_dir."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG; the parent is torchrun's agent
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher was already gone before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def free_port() -> int:

@@ -13,6 +13,7 @@ Everything is plain tensors and Python containers, so loading uses weights_only=
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 
@@ -142,26 +143,49 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     model_states = load_file(path, "model_states.pt")
-    _load_module(engine, model_states["module"], strict)
+    with _applying(path, "model_states.pt"):
+        _load_module(engine, model_states["module"], strict)
     optim_states = {}
     if not load_module_only and load_optimizer_states:
-        optim_states = load_file(path, _optim_file(comm.rank if shards_optimizer else 0))
-        if engine.optimizer is not None and optim_states["optimizer"] is not None:
-            engine.optimizer.load_state_dict(optim_states["optimizer"])
-    engine.strategy.load_state_dict(optim_states.get("strategy", {}))
-    if load_module_only:
-        return str(path), model_states["client_state"]
-    for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
-        setattr(engine, name, model_states[name])
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
-    if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
-        engine.loss_scaler.load_state_dict(model_states["loss_scaler"])
-    for feature in engine.features:
-        state = model_states["features"].get(feature.name)
-        if state is not None:
-            feature.load_state_dict(state)
+        name = _optim_file(comm.rank if shards_optimizer else 0)
+        optim_states = load_file(path, name)
+        with _applying(path, name):
+            if engine.optimizer is not None and optim_states["optimizer"] is not None:
+                engine.optimizer.load_state_dict(optim_states["optimizer"])
+            engine.strategy.load_state_dict(optim_states.get("strategy", {}))
+    else:
+        engine.strategy.load_state_dict({})
+    with _applying(path, "model_states.pt"):
+        if load_module_only:
+            return str(path), model_states["client_state"]
+        for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+            setattr(engine, name, int(model_states[name]))
+        if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
+            engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+        if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
+            engine.loss_scaler.load_state_dict(model_states["loss_scaler"])
+        for feature in engine.features:
+            state = model_states["features"].get(feature.name)
+            if state is not None:
+                feature.load_state_dict(state)
+        client_state = model_states["client_state"]
     rng_file = path / f"rng_rank{comm.rank}.pt"
     if rng_file.exists():
-        _set_rng_state(load_file(path, rng_file.name))
-    return str(path), model_states["client_state"]
+        rng = load_file(path, rng_file.name)
+        with _applying(path, rng_file.name):
+            _set_rng_state(rng)
+    return str(path), client_state
+
+
+@contextlib.contextmanager
+def _applying(path, name: str):
+    """A file that passed its checksum (or whose manifest was rewritten to match) but does not
+    hold what we wrote: one CheckpointError naming it, not a KeyError from deep inside."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, OverflowError, RuntimeError, AttributeError, IndexError) as e:
+        detail = " ".join(str(e).split())[:120]
+        raise CheckpointError(f"{path / name}: not the content zerotrain wrote there ({type(e).__name__}: {detail}); "
+                              "the file was damaged or replaced: load another checkpoint") from None

@@ -24,11 +24,18 @@ TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv")
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
+def _shown(text: object) -> str:
+    """A file or column name as one printable line: names come from the data too (a file in a
+    folder, a CSV header), and a newline in one would split the error message."""
+    text = str(text)
+    return text if text and text.isprintable() else repr(text)
+
+
 def _decode(path: Path, data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{what} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+        raise DataError(f"{what} {_shown(path)}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
                         "convert the file to UTF-8") from None
 
 
@@ -36,9 +43,30 @@ def _read_text(path: Path, what: str) -> str:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise DataError(f"{what} {path}: cannot read ({e.strerror})") from None
+        raise DataError(f"{what} {_shown(path)}: cannot read ({e.strerror})") from None
     text = _decode(path, data, what)
     return text[1:] if text.startswith("\ufeff") else text
+
+
+def _parse_json(text: str, where: str, hint: str = "", line_of_error: bool = False):
+    # json raises more than JSONDecodeError on hostile input: RecursionError for nesting
+    # deeper than the interpreter's limit, ValueError for an integer of more digits than
+    # int() converts (sys.get_int_max_str_digits).
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        at = f":{e.lineno}" if line_of_error else ""
+        raise DataError(f"{where}{at}: invalid JSON ({e.msg}){hint}") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON (nested too deeply){hint}") from None
+    except ValueError as e:
+        raise DataError(f"{where}: invalid JSON ({_first_line(e).split(':')[0]}){hint}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error from a library, or its type when it has no message."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -62,18 +90,12 @@ def _jsonl(path: Path, what: str) -> dict[str, list]:
     for n, line in enumerate(_read_text(path, what).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{what} {path}:{n}: invalid JSON ({e.msg}); one object per line expected") from None
+        rows.append(_parse_json(line, f"{what} {path}:{n}", "; one object per line expected"))
     return _rows_to_columns(rows, path, what)
 
 
 def _json(path: Path, what: str) -> dict[str, list]:
-    try:
-        data = json.loads(_read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{what} {path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    data = _parse_json(_read_text(path, what), f"{what} {path}", line_of_error=True)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if isinstance(data, list):
@@ -92,7 +114,7 @@ def _csv(path: Path, what: str) -> dict[str, list]:
     try:
         rows = list(reader)
     except csv.Error as e:
-        raise DataError(f"{what} {path}:{reader.line_num}: bad CSV ({e})") from None
+        raise DataError(f"{what} {path}:{max(reader.line_num, 1)}: bad CSV ({e})") from None
     if reader.fieldnames is None:
         return {}
     if any(None in row for row in rows):
@@ -123,7 +145,7 @@ def read_table(path_text: str, what: str, text_column: str):
         try:
             return datasets.load_from_disk(str(path)), True
         except Exception as e:  # a damaged or foreign folder
-            raise DataError(f"{what} {path}: cannot load the saved dataset ({str(e).splitlines()[0]})") from None
+            raise DataError(f"{what} {path}: cannot load the saved dataset ({_first_line(e)})") from None
     if path.is_dir():
         columns, documents = _folder(path, what, text_column), True
     elif path.suffix == ".txt":
@@ -142,13 +164,14 @@ def read_table(path_text: str, what: str, text_column: str):
     try:
         return datasets.Dataset.from_dict(columns), documents
     except Exception as e:  # mixed types in one column, for example
-        raise DataError(f"{what} {path}: cannot build a table ({str(e).splitlines()[0]})") from None
+        raise DataError(f"{what} {path}: cannot build a table ({_first_line(e)})") from None
 
 
 def require_columns(ds, names: list[str], what: str, path: str) -> None:
     for name in names:
         if name not in ds.column_names:
-            raise DataError(f"{what} {path}: no column {name!r}; its columns are {', '.join(ds.column_names)}")
+            columns = ", ".join(map(_shown, ds.column_names))
+            raise DataError(f"{what} {path}: no column {name!r}; its columns are {columns}")
 
 
 def fingerprint_source(path_text: str) -> str:

@@ -142,6 +142,9 @@ class BucketedReducer:
             if self.max_in_flight is not None:
                 while self._next - self._landed > self.max_in_flight:
                     self._land_oldest()
+            # land whatever already arrived: its staging memory is free from now on
+            while self._landed < self._next and self.buckets[self._landed].work.is_completed():
+                self._land_oldest()
 
     def _land_oldest(self) -> None:
         b = self.buckets[self._landed]

@@ -73,6 +73,7 @@ class ShardedParameters:
             self.stores.append(store)
             self.masters.append(master)
         self.master_grads = [m.grad for m in self.masters]  # survives optimizer.zero_grad()
+        self._grads_zero = True  # then the first reduce-scatter can write into them directly
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
         self.gatherer = Gatherer(self.groups, self.stores, comm, persistent, self.device, compute_dtype)
@@ -184,17 +185,26 @@ class ShardedParameters:
             bucket.data.mul_(1.0 / self.comm.world_size)
         elif self.predivide != 1.0:
             bucket.data.mul_(1.0 / self.predivide)
-        bucket.out = torch.empty(bucket.end - bucket.start, dtype=self.compute_dtype, device=self.device)
+        acc = self.master_grads[bucket.group][bucket.start : bucket.end]
+        if self._grads_zero and acc.dtype == self.compute_dtype and acc.device == self.device:
+            bucket.out = acc  # nothing to add to yet: reduce straight into the fp32 shard
+        else:
+            bucket.out = torch.empty(bucket.end - bucket.start, dtype=self.compute_dtype, device=self.device)
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
         post = 1.0 if self.prescale else self.predivide / self.comm.world_size
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
-        acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
+        if bucket.out.data_ptr() == acc.data_ptr():
+            if post != 1.0:
+                acc.mul_(post)
+        else:
+            acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
         bucket.out = None
 
     def end_backward(self) -> None:
         self.reducer.finish()
+        self._grads_zero = False
         self.in_backward = False
         self.gatherer.release_all()
 
@@ -214,6 +224,7 @@ class ShardedParameters:
 
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.master_grads)
+        self._grads_zero = True
 
     # ---- whole access ----------------------------------------------------------------------
     def where_params(self) -> list:
