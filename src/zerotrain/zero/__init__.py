@@ -14,6 +14,10 @@ from .gathered import GatheredParameters
 from .init import Init, is_partitioned
 from .stage3 import ShardedParameters
 
+# Stages 2-3 copy gradients into staging buffers (up to three buckets alive: two in flight, one
+# filling), so their buckets cost memory that stage 0-1 buckets (views of a gradient buffer
+# that exists anyway) do not: 8 MB of fp32 each, still few collectives per backward.
+STAGED_BUCKET_NUMEL = 2**21
 PREFETCH_KEYS = {"stage3_prefetch_bucket_size", "prefetch_bucket_size"}
 STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}
 
@@ -36,7 +40,9 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage != 3:
         raise ConfigError("zero_optimization.offload_param: parameter offload needs ZeRO stage 3; "
                           "set \"stage\": 3 or remove offload_param")
-    kwargs = dict(bucket_numel=bucket_numel or DEFAULT_BUCKET_NUMEL, prescale_gradients=prescale_gradients,
+    if bucket_numel is None:
+        bucket_numel = STAGED_BUCKET_NUMEL if zero.stage >= 2 else DEFAULT_BUCKET_NUMEL
+    kwargs = dict(bucket_numel=bucket_numel, prescale_gradients=prescale_gradients,
                   gradient_predivide_factor=gradient_predivide_factor, overlap_comm=overlap_comm,
                   offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size))
     if zero.stage == 3:
