@@ -4,7 +4,7 @@
     loss = engine(batch); engine.backward(loss); engine.step()
 """
 
-from .errors import CheckpointError, ConfigError, DataError, NonFiniteStepsError
+from .errors import CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError
 from .features import CurriculumScheduler, ProgressiveLayerDrop
 from .initialize import initialize
 from .precision import DynamicLossScaler
@@ -14,7 +14,7 @@ from .zero.estimate import estimate_memory
 __version__ = "0.1.0"
 
 __all__ = ["initialize", "get_scheduler", "DynamicLossScaler", "CurriculumScheduler", "ProgressiveLayerDrop",
-           "ConfigError", "DataError", "CheckpointError", "NonFiniteStepsError", "estimate_memory", "__version__"]
+           "ConfigError", "DataError", "CheckpointError", "NonFiniteStepsError", "DistributedFaultError", "estimate_memory", "__version__"]
 
 
 def __getattr__(name: str):
