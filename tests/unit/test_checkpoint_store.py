@@ -244,3 +244,42 @@ def test_save_latest_false_and_missing_ok(tmp_path):
     with CheckpointWriter(tmp_path, "global_step3", True, no_barrier, save_latest=False) as w:
         w.save("a", 3)
     assert resolve_checkpoint(tmp_path, missing_ok=True).name == "global_step2"
+
+
+# ---- hostile files found by benchmarks/fuzz_inputs.py, and leftovers of killed saves ---------
+def test_latest_that_is_not_text_or_names_an_impossible_tag(tmp_path):
+    write(tmp_path, "a", x=1)
+    (tmp_path / "latest").write_bytes(b"\xff\xfe")
+    with pytest.raises(CheckpointError, match="latest is corrupted"):
+        resolve_checkpoint(tmp_path)
+    (tmp_path / "latest").write_text("x" * 300)
+    with pytest.raises(CheckpointError, match="latest is corrupted"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(ConfigError):
+        validate_tag("x" * 300)
+
+
+@pytest.mark.parametrize("manifest", [
+    "[" * 5000 + "]" * 5000,
+    json.dumps({"format": "zerotrain-checkpoint", "files": {"x": {"size": float("inf"), "sha256": "0"}}}),
+])
+def test_hostile_manifest_is_a_checkpoint_error(tmp_path, manifest):
+    folder = write(tmp_path, "a", x=1)
+    fmt = json.loads((folder / "manifest.json").read_text())["format"]
+    (folder / "manifest.json").write_text(manifest.replace("zerotrain-checkpoint", fmt))
+    with pytest.raises(CheckpointError, match="manifest.json"):
+        verify_checkpoint(folder)
+
+
+def test_a_save_clears_what_killed_saves_of_other_tags_left(tmp_path):
+    write(tmp_path, "a", x=1)
+    (tmp_path / ".b.staging").mkdir()  # killed while writing: garbage
+    (tmp_path / ".b.staging" / "x").write_bytes(b"partial")
+    newer = write(tmp_path, "tmp", x=4)
+    write(tmp_path, "c", x=3)
+    os.rename(tmp_path / "c", tmp_path / ".c.old")  # killed between the two renames of c
+    os.rename(newer, tmp_path / ".c.staging")
+    write(tmp_path, "d", x=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "c", "d", "latest"]
+    assert load_file(tmp_path / "c", "x") == 4  # the newer, complete copy of c won
+    verify_checkpoint(tmp_path / "c")

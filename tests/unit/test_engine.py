@@ -791,3 +791,11 @@ def test_load_falls_back_to_the_newest_complete_checkpoint_when_asked(tmp_path):
         fresh.load_checkpoint(tmp_path)
     path, _ = fresh.load_checkpoint(tmp_path, fallback_to_complete=True)
     assert path.endswith("global_step1") and fresh.global_steps == 1
+    # latest unreadable, latest gone (a save killed before its first latest): the same fallback
+    (tmp_path / "latest").write_bytes(b"\xff")
+    with pytest.raises(CheckpointError, match="latest is corrupted"):
+        fresh.load_checkpoint(tmp_path)
+    assert fresh.load_checkpoint(tmp_path, fallback_to_complete=True)[0].endswith("global_step1")
+    (tmp_path / "latest").unlink()
+    assert fresh.load_checkpoint(tmp_path) == (None, None)
+    assert fresh.load_checkpoint(tmp_path, fallback_to_complete=True)[0].endswith("global_step1")

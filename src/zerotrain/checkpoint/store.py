@@ -31,7 +31,8 @@ _FORMAT = "zerotrain-checkpoint"
 def validate_tag(tag: str) -> str:
     """A tag must be one plain, visible folder name so it cannot escape or hide in save_dir."""
     bad = (not isinstance(tag, str) or tag in ("", ".", "..", LATEST) or tag.startswith(".")
-           or tag != tag.strip() or any(c in tag for c in "/\\\0") or os.path.isabs(tag))
+           or tag != tag.strip() or any(c in tag for c in "/\\\0") or os.path.isabs(tag)
+           or len(tag.encode("utf-8", "surrogatepass")) > 240)  # room for ".<tag>.staging"
     if bad:
         raise ConfigError(f"tag {tag!r} is not a plain folder name; use something like "
                           "global_step100")
@@ -70,12 +71,50 @@ def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     _fsync_dir(path.parent)
 
 
+def _remove(folder: Path) -> None:
+    """Delete a folder manifest first: a kill partway through must not leave a half-deleted
+    folder that still looks complete to resolve_checkpoint's fallback."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        (folder / MANIFEST).unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _recover(save_dir: Path, tag: str) -> None:
+    """Finish a replacement that a crash cut between its two renames: then the only complete
+    copy of the tag is .<tag>.staging (newer) or .<tag>.old, and a save must not clear it."""
+    if (save_dir / tag).exists():
+        return
+    for copy in (save_dir / f".{tag}.staging", save_dir / f".{tag}.old"):
+        if (copy / MANIFEST).is_file():
+            os.rename(copy, save_dir / tag)
+            _fsync_dir(save_dir)
+            return
+
+
+def _sweep(save_dir: Path, current: str) -> None:
+    """Staging and .old folders that killed saves of other tags left behind: each one is
+    either the tag's only complete copy (recovered) or garbage (removed), so disk use does
+    not grow by a checkpoint per crash."""
+    leftovers = {}
+    for entry in save_dir.iterdir():
+        for suffix in (".staging", ".old"):
+            if entry.name.startswith(".") and entry.name.endswith(suffix) and entry.is_dir():
+                tag = entry.name[1 : -len(suffix)]
+                if tag != current:
+                    leftovers.setdefault(tag, []).append(entry)
+    for tag, entries in leftovers.items():
+        _recover(save_dir, tag)
+        for entry in entries:
+            if entry.exists():
+                _remove(entry)
 
 
 class CheckpointWriter:
@@ -95,7 +134,9 @@ class CheckpointWriter:
     def __enter__(self) -> CheckpointWriter:
         if self.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(self.staging, ignore_errors=True)
+            _sweep(self.save_dir, self.tag)
+            _recover(self.save_dir, self.tag)
+            _remove(self.staging)
             self.staging.mkdir()
         self.barrier()
         return self
@@ -127,11 +168,11 @@ class CheckpointWriter:
         # Swap: the complete copy of this tag is always one of <tag>, .<tag>.old or the
         # manifest-bearing staging folder, never none of them.
         if self.path.exists():
-            shutil.rmtree(self._old, ignore_errors=True)
+            _remove(self._old)
             os.rename(self.path, self._old)
         os.rename(self.staging, self.path)
         _fsync_dir(self.save_dir)
-        shutil.rmtree(self._old, ignore_errors=True)
+        _remove(self._old)
         if self.save_latest:
             _write_atomic(self.save_dir / LATEST, lambda f: f.write(self.tag.encode()))
 
@@ -160,11 +201,12 @@ def resolve_checkpoint(load_dir: str | os.PathLike, tag: str | None = None,
             tags = _available_tags(load_dir)
             raise CheckpointError(f"{latest} does not exist, so there is no default checkpoint; "
                                   f"pass a tag (available: {', '.join(tags) or 'none'})")
-        tag = latest.read_text(encoding="utf-8").strip()
         try:
+            tag = latest.read_bytes().decode("utf-8").strip()
             validate_tag(tag)
-        except ConfigError as err:
-            raise CheckpointError(f"{latest} is corrupted: {err}") from None
+        except (UnicodeDecodeError, ConfigError) as err:
+            raise CheckpointError(f"{latest} is corrupted ({type(err).__name__}); pass a tag, or "
+                                  "fallback_to_complete=True") from None
     validate_tag(tag)
     folder = load_dir / tag
     if folder.is_dir():
@@ -187,8 +229,9 @@ def _read_manifest(path: Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no {MANIFEST}; the checkpoint is incomplete or was not "
                               "written by zerotrain") from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path / MANIFEST} is unreadable ({err}); the checkpoint is "
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        detail = " ".join(str(err).split())[:120] or type(err).__name__
+        raise CheckpointError(f"{path / MANIFEST} is unreadable ({detail}); the checkpoint is "
                               "corrupted") from None
     return files
 
@@ -201,7 +244,7 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
         try:
             _check_file_name(name)
             size, digest = int(entry["size"]), str(entry["sha256"])
-        except (ConfigError, KeyError, TypeError, ValueError):
+        except (ConfigError, KeyError, TypeError, ValueError, OverflowError):
             raise CheckpointError(f"{path / MANIFEST}: bad entry for {name!r}; the checkpoint "
                                   "is corrupted") from None
         file = path / name

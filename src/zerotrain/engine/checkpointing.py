@@ -119,15 +119,18 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
 
 def _verified(load_dir, tag, fallback: bool):
     """The folder to load, checked against its manifest. With `fallback` (and no explicit
-    tag), a damaged newest checkpoint gives way to the newest one that verifies."""
-    path = resolve_checkpoint(load_dir, tag, missing_ok=tag is None)
-    if path is None:
-        return None
+    tag), a damaged, missing or unreadable newest checkpoint gives way to the newest one that
+    verifies (say, a save killed after its folder appeared but before `latest` moved)."""
+    fallback = fallback and tag is None
     try:
-        verify_checkpoint(path)
+        path = resolve_checkpoint(load_dir, tag, missing_ok=tag is None)
+        if path is not None:
+            verify_checkpoint(path)
+        elif fallback and list_complete_tags(load_dir):
+            raise CheckpointError(f"{load_dir}: no 'latest' file")
         return path
     except CheckpointError as damaged:
-        complete = list_complete_tags(load_dir) if fallback and tag is None else []
+        complete = list_complete_tags(load_dir) if fallback else []
         if not complete:
             raise
         log.warning("%s; falling back to %s, the newest complete checkpoint", damaged, complete[0])
