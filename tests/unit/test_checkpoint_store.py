@@ -155,7 +155,7 @@ def test_malicious_pickle_is_refused(tmp_path, via_torch):
 
 
 @pytest.mark.parametrize("tag", ["../../x", "/abs", "a/b", "a\\b", ".", "..", "", ".hidden",
-                                 "latest", "x\0y", " padded"])
+                                 "latest", "x\0y", " padded", "a\rb", "x" * 241])
 def test_bad_tags_refused(tag, tmp_path):
     with pytest.raises(ConfigError, match="is not a plain folder name; use something like "
                                           "global_step100"):

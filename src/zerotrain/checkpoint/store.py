@@ -31,8 +31,8 @@ _FORMAT = "zerotrain-checkpoint"
 def validate_tag(tag: str) -> str:
     """A tag must be one plain, visible folder name so it cannot escape or hide in save_dir."""
     bad = (not isinstance(tag, str) or tag in ("", ".", "..", LATEST) or tag.startswith(".")
-           or tag != tag.strip() or any(c in tag for c in "/\\\0") or os.path.isabs(tag)
-           or len(tag.encode("utf-8", "surrogatepass")) > 240)  # room for ".<tag>.staging"
+           or tag != tag.strip() or not tag.isprintable() or any(c in tag for c in "/\\")
+           or os.path.isabs(tag) or len(tag.encode("utf-8", "surrogatepass")) > 240)  # room for ".<tag>.staging"
     if bad:
         raise ConfigError(f"tag {tag!r} is not a plain folder name; use something like "
                           "global_step100")
