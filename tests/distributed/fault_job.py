@@ -23,6 +23,12 @@ from scenarios import base_config, global_batch, tiny_gpt  # noqa: E402
 
 def main(mode: str, victim: int, timeout_s: float, stage: int) -> int:
     torch.set_num_threads(1)
+    if os.environ.get("FAULT_JOB_OWN_GROUP"):  # a script that joins the world itself, then initialize()
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     state = init_parallel(timeout_s=timeout_s)
     engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=base_config(4, 2, zero_optimization={"stage": stage}))
     try:

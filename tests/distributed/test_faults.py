@@ -25,12 +25,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(mode: str, victim: int, stage: int) -> dict[int, str]:
+def run_job(mode: str, victim: int, stage: int, own_group: bool = False) -> dict[int, str]:
     port = _free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", FAULT_JOB_OWN_GROUP="1" if own_group else "")
         procs.append(subprocess.Popen([sys.executable, str(JOB), mode, str(victim), str(TIMEOUT_S), str(stage)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     survivor = procs[1 - victim]
@@ -49,12 +49,13 @@ DEAD = "stopped sending heartbeats: the process died or is frozen"
 STORE_GONE = "the rendezvous store is unreachable: the process hosting it (rank 0"
 
 
-@pytest.mark.parametrize("mode,victim,stage,expected", [
-    ("hang", 1, 0, HUNG), ("die", 1, 2, DEAD), ("hang", 0, 3, HUNG),
-    ("die", 0, 1, STORE_GONE),  # rank 0 hosts the store here (under torchrun the agent does)
+@pytest.mark.parametrize("mode,victim,stage,expected,own_group", [
+    ("hang", 1, 0, HUNG, False), ("die", 1, 2, DEAD, False), ("hang", 0, 3, HUNG, False),
+    ("die", 0, 1, STORE_GONE, False),  # rank 0 hosts the store here (under torchrun the agent does)
+    ("hang", 1, 1, HUNG, True),  # the script made the process group itself
 ])
-def test_survivor_names_the_dead_or_hung_rank_within_ddp_timeout(mode, victim, stage, expected):
-    out = run_job(mode, victim, stage)
+def test_survivor_names_the_dead_or_hung_rank_within_ddp_timeout(mode, victim, stage, expected, own_group):
+    out = run_job(mode, victim, stage, own_group)
     survivor = 1 - victim
     errors = parse(out[survivor], "ERROR")
     assert len(errors) == 1, out[survivor][-3000:]

@@ -86,7 +86,7 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
                 backend_s = timeout_s - _DIAGNOSIS_S if timeout_s > 2 * _DIAGNOSIS_S else timeout_s
                 kwargs["timeout"] = datetime.timedelta(seconds=backend_s)
             dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
-        _start_heartbeat(rank, world, timeout_s)
+    _start_heartbeat(rank, world, timeout_s)
     local_rank = _env_int("LOCAL_RANK", rank)
     if torch.cuda.is_available() and backend in (None, "nccl"):
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -101,7 +101,7 @@ def _start_heartbeat(rank: int, world: int, timeout_s: float | None) -> None:
     global _heartbeat, _timeout_s
     if timeout_s is not None:
         _timeout_s = timeout_s
-    if _heartbeat is not None or world == 1:
+    if world == 1 or (_heartbeat is not None and _heartbeat.alive):
         return
     try:
         store = dist.distributed_c10d._get_default_store()

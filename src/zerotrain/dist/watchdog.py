@@ -41,6 +41,12 @@ class Heartbeat:
         self._beats += 1
         self.store.set(f"{_PREFIX}{self.rank}", f"{self._beats} {self.collectives}")
 
+    @property
+    def alive(self) -> bool:
+        """False once stopped or once its store went away (a group destroyed without
+        dist.shutdown): a new group then gets a new heartbeat."""
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
