@@ -328,3 +328,27 @@ def test_consecutive_nonfinite_steps_stop_every_rank_with_the_last_good_params(w
     good = world2.run(train, cfg, 6, 4)
     assert_params_close(ranks[0]["params"], good[0]["params"], rtol=0)
     assert_params_close(ranks[1]["params"], good[1]["params"], rtol=0)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_checkpoint_loads_into_a_different_world_size(world2, world4, tmp_path, stage):
+    """Saved by 2 ranks, continued by 1 or 4 (and 1 -> 2): the same parameters as the run
+    that was never interrupted (masters, Adam moments and stage-3 shards are cut again for
+    the new world)."""
+    cfg = zero_config(stage, 1)  # global batch 4: accumulation 4 on one rank, 2 on two
+    full = world2.run(train, cfg, 10, 4)[0]
+    world2.run(train, cfg, 5, 4, save=(str(tmp_path / "from2"), 5))
+    alone = train(cfg, 10, 4, load=(str(tmp_path / "from2"), None))
+    assert_params_close(alone["params"], full["params"])
+    four = world4.run(train, cfg, 10, 4, load=(str(tmp_path / "from2"), None))
+    assert_params_close(four[3]["params"], full["params"])
+    train(cfg, 5, 4, save=(str(tmp_path / "from1"), 5))
+    pair = world2.run(train, cfg, 10, 4, load=(str(tmp_path / "from1"), None))
+    assert_params_close(pair[0]["params"], full["params"])
+    assert_params_close(pair[1]["params"], full["params"])
+
+
+def test_a_checkpoint_of_another_stage_is_refused(tmp_path):
+    train(zero_config(2, 1), 1, 4, save=(str(tmp_path), 1))
+    with pytest.raises(Exception, match="written at ZeRO stage 2, this run is at stage 3"):
+        train(zero_config(3, 1), 2, 4, load=(str(tmp_path), None))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
 
@@ -144,25 +145,39 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
     comm = engine.comm
-    shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
+    stage = getattr(engine.strategy, "stage", 0)
     model_states = load_file(path, "model_states.pt")
     with _applying(path, "model_states.pt"):
+        saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
+        if saved_stage != stage:
+            raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
+                                  "load it at that stage, or write full weights with `zerotrain consolidate` "
+                                  "and load those into the module")
         _load_module(engine, model_states["module"], strict)
-    optim_states = {}
-    if not load_module_only and load_optimizer_states:
-        name = _optim_file(comm.rank if shards_optimizer else 0)
-        optim_states = load_file(path, name)
-        with _applying(path, name):
-            if engine.optimizer is not None and optim_states["optimizer"] is not None:
-                engine.optimizer.load_state_dict(optim_states["optimizer"])
-            engine.strategy.load_state_dict(optim_states.get("strategy", {}))
+    name = _optim_file(comm.rank if stage > 0 else 0)
+    if saved_world != comm.world_size:  # every old rank's file, cut again for this world
+        layout = engine.strategy.layout(_param_names(engine.module))
+        with _applying(path, "model_states.pt"):
+            if engine.strategy.offload.kind == "nvme":
+                raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
+                                      f"offload it loads only into {saved_world} ranks")
+            rank_state = reshard_rank_state(path, model_states["layout"], layout, comm.rank)
+        name = "optim_rank*.pt"
     else:
-        engine.strategy.load_state_dict({})
+        rank_state = load_file(path, name)
+    with _applying(path, name):
+        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
+                and rank_state["optimizer"] is not None:
+            engine.optimizer.load_state_dict(rank_state["optimizer"])
+        # stage 3 keeps its weights here, so this is loaded even for load_module_only
+        engine.strategy.load_state_dict(rank_state.get("strategy", {}))
     with _applying(path, "model_states.pt"):
         if load_module_only:
             return str(path), model_states["client_state"]
         for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
             setattr(engine, name, int(model_states[name]))
+        if saved_world != comm.world_size:  # the same global batch, accumulated differently
+            engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
         if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
