@@ -799,3 +799,15 @@ def test_load_falls_back_to_the_newest_complete_checkpoint_when_asked(tmp_path):
     (tmp_path / "latest").unlink()
     assert fresh.load_checkpoint(tmp_path) == (None, None)
     assert fresh.load_checkpoint(tmp_path, fallback_to_complete=True)[0].endswith("global_step1")
+
+
+def test_stage3_weights_load_with_load_module_only(tmp_path):
+    """Stage 3 keeps its weights with the per-rank shards, not in the module state."""
+    cfg = config(zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    engine, *_ = zerotrain.initialize(model=mlp(), config=cfg)
+    train_engine(engine, 3, 1)
+    engine.save_checkpoint(tmp_path)
+    fresh, *_ = zerotrain.initialize(model=mlp(seed=1), config=cfg)
+    fresh.load_checkpoint(tmp_path, load_module_only=True)
+    assert same(fresh.module_state_dict(), engine.module_state_dict())
+    assert fresh.global_steps == 0  # only the module
