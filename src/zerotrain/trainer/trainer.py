@@ -248,6 +248,7 @@ class Trainer:
     # ---- saving and resuming -----------------------------------------------------------------
     def _state(self) -> dict:
         return {"epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "tokens": self.tokens,
+                "world_size": self.comm.world_size,
                 "train_time": self.train_time, "best_metric": self.best_metric,
                 "best_checkpoint": self.best_checkpoint,
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None}
@@ -292,6 +293,11 @@ class Trainer:
         if path is None or state is None:
             raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
                               f"{path or save_dir} is not a checkpoint written by `zerotrain train`")
+        written_by = state.get("world_size", self.comm.world_size)
+        if written_by != self.comm.world_size:  # the data order is planned per process count
+            raise ConfigError(f"--resume_from_checkpoint: {path} was written by {written_by} processes and this run "
+                              f"has {self.comm.world_size}; resume with --nproc_per_node {written_by} (its position "
+                              "in the epoch exists only for that count)")
         self.epoch, self.micro_in_epoch, self.tokens = state["epoch"], state["micro_in_epoch"], state["tokens"]
         self.train_time, self.best_metric = state["train_time"], state["best_metric"]
         self.best_checkpoint = state["best_checkpoint"]

@@ -30,3 +30,16 @@ def test_consecutive_skips_stop_the_run_and_save_the_last_good_state(tmp_path):
     # it resumes (and, the weights being non-finite still, stops again after three more skips)
     with pytest.raises(NonFiniteStepsError, match="step 7: .*saved that state to .*checkpoint-7"):
         run({**values, "resume_from_checkpoint": "latest"})
+
+
+def test_resume_with_another_process_count_is_refused(tmp_path, monkeypatch):
+    from zerotrain.errors import ConfigError
+    from zerotrain.trainer.trainer import Trainer
+
+    state = Trainer._state
+    monkeypatch.setattr(Trainer, "_state", lambda self: dict(state(self), world_size=2))  # "written by 2"
+    values = options(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    run(values)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=r"written by 2 processes and this run has 1; resume with --nproc_per_node 2"):
+        run({**values, "resume_from_checkpoint": "latest", "max_steps": 4})
