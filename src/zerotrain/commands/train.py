@@ -121,6 +121,7 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
         from ..dist.launch import die_with_launcher
 
         die_with_launcher()
+    from ..dist import shutdown
     from ..trainer.pipeline import run as run_pipeline
 
     try:
@@ -130,8 +131,7 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
         if not errors:
             raise
         Path(errors, f"rank{os.environ.get('RANK', '0')}.txt").write_text(str(e), encoding="utf-8")
-        from ..dist import shutdown
-
         shutdown()
         return 2
+    shutdown()  # a rank that exits with its gloo group alive can abort in C++ teardown
     return 0

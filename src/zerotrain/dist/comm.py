@@ -7,6 +7,7 @@ calls here lets a test forbid `torch.distributed` anywhere else.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ def _start_heartbeat(rank: int, world: int, timeout_s: float | None) -> None:
     except (RuntimeError, AttributeError):  # a group without a store: faults go unnamed
         return
     _heartbeat = Heartbeat(store, rank, world).start()
+    atexit.register(_heartbeat.stop)  # not mid-call into the store while the process tears down
 
 
 def shutdown() -> None:
