@@ -121,20 +121,15 @@ def worker(args) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     config = shared_config(args, stage)
 
-    if framework == "zerotrain":
-        import zerotrain
+    if framework in ("zerotrain", "deepspeed"):
+        if framework == "zerotrain":
+            import zerotrain
 
-        engine, *_ = zerotrain.initialize(model=model, config=config)
+            engine, *_ = zerotrain.initialize(model=model, config=config)
+        else:
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
-        def step(x):
-            loss = engine(x, labels=x)
-            engine.backward(loss)
-            engine.step()
-            return loss
-    elif framework == "deepspeed":
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-
-        def step(x):
+        def step(x):  # the one training loop both engines share
             loss = engine(x, labels=x)
             engine.backward(loss)
             engine.step()

@@ -23,13 +23,11 @@ Prints a table; exits 1 on any failure. tests/e2e/test_kill_during_save.py runs 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import queue
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jobs import kill_job  # noqa: E402
 
 VOCAB, SEQ, MICRO = 4096, 32, 4
 KEEP = 3  # tags the job keeps behind the newest, so 20 trials do not fill the disk
@@ -237,38 +238,6 @@ def _command(world_size: int, role_args: list[str]) -> list[str]:
             str(world_size), script, *role_args]
 
 
-def _children(pid: int) -> list[int]:
-    """Every process below pid, from /proc (torchrun puts each rank in a session of its own)."""
-    parent_of = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parent_of.items() if pp in frontier]
-        found += kids
-        frontier = kids
-    return found
-
-
-def _alive(pid: int, wait_s: float = 5.0) -> bool:
-    """Whether pid still runs (a zombie waiting for its reaper does not count)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
-                    return False
-        except (OSError, IndexError):
-            return False
-        time.sleep(0.05)
-    return True
-
-
 class Job:
     """A launched job whose stdout lines arrive, timestamped, through a queue."""
 
@@ -295,28 +264,11 @@ class Job:
         return item
 
     def kill(self) -> None:
-        """SIGKILL the whole job. The launcher is stopped first so that it cannot start or
-        reap ranks while they are being found; then the ranks die, then the launcher."""
-        pids = []
+        """SIGKILL the whole job (every rank too), then reap the launcher."""
         if self.proc.poll() is None:
             self.killed_at = time.monotonic()
-            try:
-                os.killpg(self.proc.pid, signal.SIGSTOP)
-                pids = _children(self.proc.pid)
-                groups = []
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        groups.append(os.getpgid(pid))
-                for pgid in dict.fromkeys(groups):
-                    if pgid != self.proc.pid:
-                        os.killpg(pgid, signal.SIGKILL)
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # it had already ended
+            kill_job(self.proc.pid)
         self.proc.wait()
-        survivors = [pid for pid in pids if _alive(pid)]
-        if survivors:
-            raise RuntimeError(f"processes {survivors} of the job survived SIGKILL")
         self._reader.join(timeout=10)
         while True:  # keep what the job printed before it died
             try:

@@ -38,12 +38,14 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jobs import kill_job  # noqa: E402
 
 MAX_STEPS, SAVE_STEPS = 24, 3
 FIELDS = ("loss", "lr", "grad_norm", "seqlen", "theta", "loss_scale", "tokens", "epoch")
@@ -121,52 +123,6 @@ def _last_step(run_dir: Path) -> int:
         return 0
     steps = [int(m) for m in re.findall(r'^\{"step": (\d+)', text, re.M)]
     return max(steps, default=0)
-
-
-def _tree(pid: int) -> list[int]:
-    """pid and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo += children.get(found[-1], [])
-    return found
-
-
-def kill_job(pid: int) -> None:
-    """SIGKILL every process group of the job. Killing the launcher's group alone is not
-    enough: torch elastic starts each rank in a session of its own (start_new_session), so
-    the ranks would live on as orphans, finish the run and race the resumed one."""
-    pids = _tree(pid)
-    groups = set()
-    for p in pids:
-        try:
-            groups.add(os.getpgid(p))
-        except ProcessLookupError:
-            pass
-    for g in groups:
-        try:
-            os.killpg(g, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 30
-    while any(_alive(p) for p in pids if p != pid):  # the launcher itself is reaped by wait()
-        if time.time() > deadline:
-            raise RuntimeError(f"processes {[p for p in pids if p != pid and _alive(p)]} survived SIGKILL")
-        time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def kill_at(work: Path, cmd: list[str], out: Path, step: int, jitter: float = 0.0, timeout: float = 300) -> bool:

@@ -215,11 +215,7 @@ class Comm:
         if self.alone:
             return [obj]
         out = [None] * self.world_size
-        _entered()
-        try:
-            dist.all_gather_object(out, obj, group=self.group)
-        except RuntimeError as e:
-            raise _fault(self.rank, "all_gather_object", e) from None
+        self._call("all_gather_object", lambda group, async_op: dist.all_gather_object(out, obj, group=group))
         return out
 
     def barrier(self) -> None:
