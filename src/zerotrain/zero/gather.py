@@ -6,8 +6,10 @@
 A rank's shard buffer is the concatenation of its chunk of every parameter of the group, in
 layout order (reverse registration), so the parameters of one module sit next to each other
 and one all-gather of that range brings the whole module back: the gathered rows are then
-copied out (one split_with_sizes_copy) into a fresh buffer whose slices become the params'
-data. Releasing a parameter points its data at an empty tensor again.
+copied out (one split_with_sizes_copy) into the params' own buffers. A run of a single
+parameter is gathered straight into that parameter's buffer, whose layout (chunk of rank 0,
+chunk of rank 1, ...) is the gathered one. Releasing a parameter points its data at an empty
+tensor again.
 """
 
 from __future__ import annotations
@@ -117,8 +119,17 @@ class Gatherer:
             group, store = self.groups[gi], self.stores[gi]
             todo = [i for i in indices if id(group.params[i]) not in self.whole
                     and id(group.params[i]) not in self.in_flight]
-            for lo, hi, run in group.runs(todo):
-                gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
+            # small persistent params (biases, norms) apart from the large ones: a large
+            # parameter alone in its run is gathered straight into its buffer, with no scratch
+            # copy allocated between the activations
+            small = [i for i in todo if id(group.params[i]) in self.persistent]
+            large = [i for i in todo if id(group.params[i]) not in self.persistent]
+            for lo, hi, run in group.runs(large) + group.runs(small):
+                if len(run) == 1:  # the parameter's own buffer is the gathered layout: no copy-out
+                    gathered = self.buffer_of[id(group.params[run[0]])]
+                    gathered.untyped_storage().resize_(ws * (hi - lo) * self.itemsize)
+                else:
+                    gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
                 work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
                 pending.runs.append((gi, run, gathered, work))
                 for i in run:
@@ -134,11 +145,14 @@ class Gatherer:
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
             buffers = [self.buffer_of[id(group.params[i])] for i in run]
+            direct = len(run) == 1
             for buffer, c, i in zip(buffers, sizes, run):
-                buffer.untyped_storage().resize_(ws * c * self.itemsize)
+                if not direct:
+                    buffer.untyped_storage().resize_(ws * c * self.itemsize)
                 group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
-            torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
-                                        out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
+            if not direct:
+                torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
+                                            out=[b.view(ws, c) for b, c in zip(buffers, sizes)])
             for i in run:
                 p = group.params[i]
                 self.whole[id(p)] = p

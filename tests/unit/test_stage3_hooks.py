@@ -1,0 +1,85 @@
+"""Stage 3 gathers a module again for backward from a hook on its outputs' gradients: outputs
+of every shape must still find their parameters whole when autograd needs them (one
+process: the same gather / release schedule as N ranks, without the collectives)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+import zerotrain
+
+
+@dataclasses.dataclass
+class Box:  # an output type the pytree utilities cannot look into
+    value: torch.Tensor
+
+
+class OwnsAndBoxes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 16) * 0.1)
+
+    def forward(self, x):
+        return Box(x @ self.weight)
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 16) * 0.1)
+
+    def forward(self, x):
+        y = x @ self.weight
+        return y.tanh(), y.sigmoid()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.boxed = OwnsAndBoxes()
+        self.two = TwoOutputs()
+        self.first = nn.Linear(16, 16)
+        self.last = nn.Linear(16, 1)
+
+    def forward(self, x, labels=None):
+        h = self.first(x)
+        h.mul_(2.0)  # in place on a module output, after its forward hook ran
+        h = self.boxed(h).value
+        a, b = self.two(h)
+        return ((self.last(a * b) - labels) ** 2).mean()
+
+
+def batches(n: int):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 16, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
+
+
+def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
+    reference = Net()
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01)
+    expected = []
+    for x, y in batches(4):
+        loss = reference(x, labels=y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        expected.append(loss.item())
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    got = []
+    for x, y in batches(4):
+        loss = engine(x, labels=y)
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    full = engine.strategy.full_state_dict(engine.module)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(full[name], value, rtol=1e-5, atol=1e-6)
