@@ -83,3 +83,45 @@ def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
     full = engine.strategy.full_state_dict(engine.module)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(full[name], value, rtol=1e-5, atol=1e-6)
+
+
+def gathers_per_step(reuse: int | None) -> tuple[list[float], int]:
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    if reuse is not None:
+        zero["stage3_max_reuse_distance"] = reuse
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": zero}
+    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    gatherer = engine.strategy.gatherer
+    calls = []
+    start = gatherer.start
+    def counted(own):
+        pending = start(own)
+        calls.append(len(pending.runs))  # collectives launched (one per contiguous run)
+        return pending
+
+    gatherer.start = counted
+    losses = []
+    for step, (x, y) in enumerate(batches(4)):
+        if step == 3:
+            calls.clear()  # the traces of earlier passes exist from the second step on
+        loss = engine(x, labels=y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses, sum(calls)
+
+
+def test_max_reuse_distance_keeps_what_backward_needs_next():
+    released, fetched_back = gathers_per_step(0)
+    kept, fewer = gathers_per_step(10**9)  # everything's next use is within reach
+    default, some = gathers_per_step(None)
+    assert released == kept == default  # only when params are gathered changes
+    # forward gathers 4 modules. Backward runs last, two, first (boxed is never released: its
+    # output is opaque); last is needed again at once, with nothing gathered in between.
+    assert fetched_back == 4 + 2
+    assert fewer == 4
+    # by default the reuse distance is the prefetch window (2 x 256 elements here): two comes
+    # back 17 + 17 elements later, first 529 + 273 later
+    assert some == 4 + 1

@@ -19,6 +19,7 @@ from .stage3 import ShardedParameters
 # that exists anyway) do not: 8 MB of fp32 each, still few collectives per backward.
 STAGED_BUCKET_NUMEL = 2**21
 PREFETCH_KEYS = {"stage3_prefetch_bucket_size", "prefetch_bucket_size"}
+REUSE_KEYS = {"stage3_max_reuse_distance", "max_reuse_distance"}
 STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}
 
 
@@ -50,5 +51,6 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
                       # DeepSpeed's 5e7 default would prefetch a small model whole: unless set,
                       # look ahead by about two modules' worth instead
                       prefetch_numel=int(zero.prefetch_bucket_size) if explicit & PREFETCH_KEYS else None,
+                      reuse_numel=int(zero.max_reuse_distance) if explicit & REUSE_KEYS else None,
                       max_live_numel=int(zero.max_live_parameters))
     return STRATEGIES[zero.stage](param_groups, registration, comm, compute_dtype, device, **kwargs)

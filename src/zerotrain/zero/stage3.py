@@ -38,6 +38,7 @@ class ShardedParameters:
                  *, module: torch.nn.Module, bucket_numel: int, prescale_gradients: bool = False,
                  gradient_predivide_factor: float = 1.0, overlap_comm: bool = True,
                  persistence_threshold: int = 100_000, prefetch_numel: int | None = None,
+                 reuse_numel: int | None = None,
                  max_live_numel: int = 1_000_000_000, offload_optimizer=None, offload_param=None,
                  offload_block_numel: int = 1 << 22):
         self.comm = comm
@@ -79,6 +80,8 @@ class ShardedParameters:
         self.in_backward = False
         self.prefetch_numel = prefetch_numel
         self.max_live_numel = max_live_numel
+        self.reuse_numel = reuse_numel
+        self._kept_after_forward: list[bool] = []  # per position of the forward trace
         self.owners: list[dict[int, list[int]]] = []  # per module that owns params: {group: [index]}
         self.owner_params: list[list] = []
         self._traces = {False: [], True: []}  # last pass's module order (forward, backward)
@@ -90,6 +93,8 @@ class ShardedParameters:
             # window held several layers gathered at once
             sizes = sorted(self.owner_numel)
             self.prefetch_numel = 2 * sizes[len(sizes) // 2] if sizes else 0
+        if self.reuse_numel is None:  # what prefetch would bring straight back is not released
+            self.reuse_numel = self.prefetch_numel
         backward_pos = {id(p): -registration[id(p)] for fg in self.groups for p in fg.params}
         buckets = plan_buckets(self.groups, max(1, bucket_numel // ws), backward_pos)
         self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
@@ -121,7 +126,24 @@ class ShardedParameters:
     def _new_pass(self, backward: bool) -> None:
         if self._now[backward]:
             self._traces[backward] = self._now[backward]
+            self._plan_reuse()
         self._now[backward] = []
+
+    def _plan_reuse(self) -> None:
+        """stage3_max_reuse_distance: a module whose next use (in backward) comes within that
+        many gathered elements stays whole after its forward. The last modules of forward are
+        the first of backward; releasing them only to gather them again at once (the tied
+        embedding of a GPT) freed and reallocated them at the activation peak."""
+        forward, backward = self._traces[False], self._traces[True]
+        first_use, gathered = {}, 0
+        for k in backward:
+            first_use.setdefault(k, gathered)
+            gathered += self.owner_numel[k]
+        keep, gathered = [], 0
+        for k in reversed(forward):
+            keep.append(k in first_use and gathered + first_use[k] <= self.reuse_numel)
+            gathered += self.owner_numel[k]
+        self._kept_after_forward = keep[::-1]
 
     def _before(self, k: int, backward: bool) -> None:
         """Gather module k, then prefetch the modules the last pass ran next, within the
@@ -163,8 +185,14 @@ class ShardedParameters:
 
             for x in outputs:
                 x.register_hook(gather_for_backward)
-        if not self.in_backward:  # activation-checkpoint recomputation keeps them for backward
-            self.gatherer.release(self.owner_params[k])
+        if self.in_backward:  # activation-checkpoint recomputation keeps them for backward
+            return
+        position = len(self._now[False]) - 1
+        trace = self._traces[False]
+        if (position < len(self._kept_after_forward) and trace[position] == k and self._kept_after_forward[position]
+                and self.gatherer.live_numel <= self.max_live_numel):  # within stage3_max_live_parameters
+            return
+        self.gatherer.release(self.owner_params[k])
 
     def begin_forward(self) -> None:
         self._new_pass(backward=False)
