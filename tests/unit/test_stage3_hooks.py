@@ -125,3 +125,14 @@ def test_max_reuse_distance_keeps_what_backward_needs_next():
     # by default the reuse distance is the prefetch window (2 x 256 elements here): two comes
     # back 17 + 17 elements later, first 529 + 273 later
     assert some == 4 + 1
+
+
+def test_without_grad_every_module_is_released_after_its_forward():
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    x, y = batches(1)[0]
+    with torch.no_grad():
+        engine(x, labels=y)
+    assert engine.strategy.gatherer.live_numel == 0  # the opaque output's module too

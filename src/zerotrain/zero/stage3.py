@@ -171,7 +171,7 @@ class ShardedParameters:
         gradient of each output that needs one, which arrives just before the module's own
         backward. (A full backward pre-hook would do the same, but its extra autograd node
         around every module kept about 50 MB more heap at the peak of a 20M-parameter GPT.)"""
-        leaves = tree_leaves(output)
+        leaves = tree_leaves(output) if torch.is_grad_enabled() else []  # no backward to come
         if any(not isinstance(x, (torch.Tensor, int, float, bool, str, type(None))) for x in leaves):
             return  # an output we cannot look into: stay whole until backward ends
         outputs = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
