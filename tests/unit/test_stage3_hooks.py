@@ -53,6 +53,14 @@ class Net(nn.Module):
         return ((self.last(a * b) - labels) ** 2).mean()
 
 
+def stage3_engine(**zero):
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **zero}}
+    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    return engine
+
+
 def batches(n: int):
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(4, 16, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
@@ -69,10 +77,7 @@ def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
         opt.zero_grad()
         expected.append(loss.item())
 
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    engine = stage3_engine()
     got = []
     for x, y in batches(4):
         loss = engine(x, labels=y)
@@ -86,13 +91,7 @@ def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
 
 
 def gathers_per_step(reuse: int | None) -> tuple[list[float], int]:
-    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
-    if reuse is not None:
-        zero["stage3_max_reuse_distance"] = reuse
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-           "zero_optimization": zero}
-    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    engine = stage3_engine(**({} if reuse is None else {"stage3_max_reuse_distance": reuse}))
     gatherer = engine.strategy.gatherer
     calls = []
     start = gatherer.start
@@ -128,10 +127,7 @@ def test_max_reuse_distance_keeps_what_backward_needs_next():
 
 
 def test_without_grad_every_module_is_released_after_its_forward():
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-    engine, *_ = zerotrain.initialize(model=Net(), config=cfg)
+    engine = stage3_engine()
     x, y = batches(1)[0]
     with torch.no_grad():
         engine(x, labels=y)

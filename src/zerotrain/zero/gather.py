@@ -145,7 +145,7 @@ class Gatherer:
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
             buffers = [self.buffer_of[id(group.params[i])] for i in run]
-            direct = len(run) == 1
+            direct = gathered is buffers[0]  # gathered straight into the parameter (see start)
             for buffer, c, i in zip(buffers, sizes, run):
                 if not direct:
                     buffer.untyped_storage().resize_(ws * c * self.itemsize)

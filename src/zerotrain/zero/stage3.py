@@ -4,8 +4,9 @@ Every rank keeps 1/N of every parameter (gather.py). Hooks on each module that o
 parameters run the schedule:
 
     forward pre-hook    all-gather the module's parameters (one collective per contiguous run)
-    forward post-hook   release them (unless small enough to persist, or we are in backward,
-                        where activation-checkpoint recomputation runs forwards again)
+    forward post-hook   release them (unless small enough to persist, needed again by backward
+                        within stage3_max_reuse_distance, or we are in backward, where
+                        activation-checkpoint recomputation runs forwards again)
     output grad hook    all-gather them again for the module's backward
     grad ready          copy the full gradient into its bucket, free it, release the param;
                         a complete bucket is reduce-scattered into every rank's fp32 shard
@@ -29,6 +30,9 @@ from .param_store import ParamStore
 from .gathered import GatheredParameters, register_owner
 from .stage0 import attach_and_scale
 from .stage1 import sharded_grad_norm
+
+# what a module may return besides tensors and still be seen through for gradient hooks
+_TRANSPARENT = (torch.Tensor, int, float, bool, str, type(None))
 
 
 class ShardedParameters:
@@ -172,7 +176,7 @@ class ShardedParameters:
         backward. (A full backward pre-hook would do the same, but its extra autograd node
         around every module kept about 50 MB more heap at the peak of a 20M-parameter GPT.)"""
         leaves = tree_leaves(output) if torch.is_grad_enabled() else []  # no backward to come
-        if any(not isinstance(x, (torch.Tensor, int, float, bool, str, type(None))) for x in leaves):
+        if any(not isinstance(x, _TRANSPARENT) for x in leaves):
             return  # an output we cannot look into: stay whole until backward ends
         outputs = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         if outputs:
