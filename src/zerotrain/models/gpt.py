@@ -70,4 +70,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if labels is None:
             return logits
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1))
+        # position t predicts token t+1: shift the labels, not the logits (a shifted slice of
+        # the logits is copied, forward and backward, at the activation peak)
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
