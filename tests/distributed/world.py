@@ -9,6 +9,7 @@ and the pool is rebuilt for the next test (a rank may be stuck in a collective).
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
@@ -25,6 +26,7 @@ def _free_port() -> int:
 def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    faulthandler.enable()  # a rank that crashes in native code says where
     import torch
     import torch.distributed as dist
 

@@ -5,11 +5,15 @@ process: the same gather / release schedule as N ranks, without the collectives)
 from __future__ import annotations
 
 import dataclasses
+import sys
 
+import pytest
 import torch
 from torch import nn
 
 import zerotrain
+from zerotrain.zero import gather
+from zerotrain.zero.pages import MovedPages, OwnStorages
 
 
 @dataclasses.dataclass
@@ -66,7 +70,10 @@ def batches(n: int):
     return [(torch.randn(4, 16, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
 
 
-def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
+@pytest.mark.parametrize("memory", ["default", "own_storages"])
+def test_outputs_of_any_shape_get_their_parameters_back_for_backward(memory, monkeypatch):
+    if memory == "own_storages":  # what accelerators and other systems get (pages.py)
+        monkeypatch.setattr(gather, "whole_buffers", lambda numels, dtype, device: OwnStorages(numels, dtype, device))
     reference = Net()
     opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01)
     expected = []
@@ -78,6 +85,8 @@ def test_outputs_of_any_shape_get_their_parameters_back_for_backward():
         expected.append(loss.item())
 
     engine = stage3_engine()
+    moved = memory == "default" and sys.platform.startswith("linux")
+    assert type(engine.strategy.gatherer.memory) is (MovedPages if moved else OwnStorages)
     got = []
     for x, y in batches(4):
         loss = engine(x, labels=y)

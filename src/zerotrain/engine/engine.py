@@ -249,6 +249,9 @@ class Engine(torch.nn.Module):
                         for t in state.values() if torch.is_tensor(t) and t.numel() > 1]
         seen = set()
         for category, place, tensor in entries:
+            if isinstance(tensor, int):  # bytes the strategy counted itself
+                out[category][place] += tensor
+                continue
             storage = tensor.untyped_storage()
             key = (storage.data_ptr(), tensor.device)
             if key in seen or storage.nbytes() == 0:

@@ -9,7 +9,7 @@ and one all-gather of that range brings the whole module back: the gathered rows
 copied out (one split_with_sizes_copy) into the params' own buffers. A run of a single
 parameter is gathered straight into that parameter's buffer, whose layout (chunk of rank 0,
 chunk of rank 1, ...) is the gathered one. Releasing a parameter points its data at an empty
-tensor again.
+tensor again; where the buffers' memory comes from is pages.py's business.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from .flat import ALIGN
 from .init import full_shape, is_partitioned
+from .pages import whole_buffers
 
 
 class ShardedGroup:
@@ -77,11 +78,11 @@ class Gatherer:
     whole (or arriving) parameters; its high-water mark is what stage3_max_live_parameters
     bounds.
 
-    Each parameter keeps one padded buffer for its whole value for life. Releasing frees
-    the buffer's storage in place (resize to 0) and points `p.data` at an empty tensor;
-    gathering allocates the storage again and points `p.data` back at it. Only swapping
-    `p.data` would free nothing: autograd keeps views of the weights it saved for backward
-    (e.g. `weight.t()` in a linear layer), and those views share the buffer's storage, so
+    Each parameter keeps one padded buffer for its whole value, at one address, for life.
+    Releasing frees the buffer's memory in place and points `p.data` at an empty tensor;
+    gathering brings memory back under the same buffer and points `p.data` at it. Only
+    swapping `p.data` would free nothing: autograd keeps views of the weights it saved for
+    backward (e.g. `weight.t()` in a linear layer), and those views share the buffer, so
     they see the values again once backward's gather refills it. A released parameter reads
     as an empty tensor, never as freed memory.
     """
@@ -97,15 +98,13 @@ class Gatherer:
         self.live_numel = 0
         self.peak_live_numel = 0
         self.device, self.dtype = device, dtype
-        self.itemsize = torch.empty((), dtype=dtype).element_size()
         self._empty = torch.empty(0, dtype=dtype, device=device)
-        self.buffer_of: dict[int, torch.Tensor] = {}
-        for g in groups:
-            for p, shape, c in zip(g.params, g.shapes, g.numels):
-                buffer = torch.empty(comm.world_size * c, dtype=dtype, device=device)
-                buffer.untyped_storage().resize_(0)
-                p.data = self._empty
-                self.buffer_of[id(p)] = buffer
+        params = [p for g in groups for p in g.params]
+        self.memory = whole_buffers([comm.world_size * c for g in groups for c in g.numels], dtype, device)
+        self.slot_of = {id(p): i for i, p in enumerate(params)}
+        self.buffer_of = {id(p): self.memory.buffers[i] for i, p in enumerate(params)}
+        for p in params:
+            p.data = self._empty
 
     def missing_numel(self, own: dict[int, list[int]]) -> int:
         return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
@@ -127,7 +126,7 @@ class Gatherer:
             for lo, hi, run in group.runs(large) + group.runs(small):
                 if len(run) == 1:  # the parameter's own buffer is the gathered layout: no copy-out
                     gathered = self.buffer_of[id(group.params[run[0]])]
-                    gathered.untyped_storage().resize_(ws * (hi - lo) * self.itemsize)
+                    self.memory.acquire(self.slot_of[id(group.params[run[0]])])
                 else:
                     gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
                 work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
@@ -146,9 +145,9 @@ class Gatherer:
             sizes = [group.numels[i] for i in run]
             buffers = [self.buffer_of[id(group.params[i])] for i in run]
             direct = gathered is buffers[0]  # gathered straight into the parameter (see start)
-            for buffer, c, i in zip(buffers, sizes, run):
+            for buffer, i in zip(buffers, run):
                 if not direct:
-                    buffer.untyped_storage().resize_(ws * c * self.itemsize)
+                    self.memory.acquire(self.slot_of[id(group.params[i])])
                 group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
             if not direct:
                 torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
@@ -176,7 +175,7 @@ class Gatherer:
     def release(self, params, force: bool = False) -> None:
         for p in params:
             if id(p) in self.whole and (force or id(p) not in self.persistent):
-                self.buffer_of[id(p)].untyped_storage().resize_(0)
+                self.memory.release(self.slot_of[id(p)])
                 p.data = self._empty
                 del self.whole[id(p)]
                 self.live_numel -= self.numel_of[id(p)]

@@ -164,7 +164,8 @@ class DataParallel:
     # ---- accounting ----------------------------------------------------------------------
     def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         """(category, place, tensor) for everything this strategy holds; aliases are removed
-        by whoever sums them (engine.memory_breakdown counts each storage once)."""
+        by whoever sums them (engine.memory_breakdown counts each storage once). A byte count
+        may stand in for a tensor whose storage is not its own (stage 3's whole params)."""
         host = self.offload.place
         return ([("params", "device", b) for b in self.model_buffers]
                 + [("grads", "device", g) for g in self.grad_buffers]

@@ -304,11 +304,12 @@ class ShardedParameters:
     def sharded_param_ids(self) -> set[int]:
         return set(self.where)
 
-    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
-        whole = [p.data for p in self.gatherer.whole.values()]
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor | int]]:
+        # whole parameters may share one mapping (pages.py): their own bytes, not its size
+        whole = sum(p.numel() * p.element_size() for p in self.gatherer.whole.values())
         host = self.offload.place
         return ([("params", s.place, s.tensor) for s in self.stores if s.tensor is not None]
-                + [("params", "device", w) for w in whole]
+                + [("params", "device", whole)]
                 + [("grads", host, g) for g in self.master_grads]
                 + [("master_params", host, m) for m in self.masters])
 
