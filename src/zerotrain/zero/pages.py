@@ -33,9 +33,10 @@ def whole_buffers(numels: list[int], dtype: torch.dtype, device) -> "OwnStorages
     """A buffer per parameter (`buffers[i]`, numels[i] elements), empty until `acquire(i)`."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     sizes = [-(-n * itemsize // _PAGE) * _PAGE for n in numels]
-    if torch.device(device).type == "cpu" and sys.platform.startswith("linux") and layer_bytes(sizes):
+    layer = layer_bytes(sizes)
+    if torch.device(device).type == "cpu" and sys.platform.startswith("linux") and layer:
         try:
-            return MovedPages(numels, sizes, dtype, layer_bytes(sizes))
+            return MovedPages(numels, sizes, dtype, layer)
         except (OSError, AttributeError, ValueError):  # no mremap, or not the flags we need
             pass
     return OwnStorages(numels, dtype, device)
