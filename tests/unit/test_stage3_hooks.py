@@ -141,3 +141,13 @@ def test_without_grad_every_module_is_released_after_its_forward():
     with torch.no_grad():
         engine(x, labels=y)
     assert engine.strategy.gatherer.live_numel == 0  # the opaque output's module too
+
+
+def test_memory_breakdown_counts_whole_parameters_by_their_own_bytes():
+    engine = stage3_engine()
+    params = list(engine.module.parameters())
+    shards = engine.memory_breakdown()["params"]["device"]
+    with zerotrain.zero.GatheredParameters(params):
+        whole = sum(p.numel() * p.element_size() for p in params)
+        # not the size of the mapping they share (each slot is a page here)
+        assert engine.memory_breakdown()["params"]["device"] == shards + whole

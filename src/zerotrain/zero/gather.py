@@ -78,7 +78,7 @@ class Gatherer:
     whole (or arriving) parameters; its high-water mark is what stage3_max_live_parameters
     bounds.
 
-    Each parameter keeps one padded buffer for its whole value, at one address, for life.
+    Each parameter keeps one padded buffer (one storage) for its whole value for life.
     Releasing frees the buffer's memory in place and points `p.data` at an empty tensor;
     gathering brings memory back under the same buffer and points `p.data` at it. Only
     swapping `p.data` would free nothing: autograd keeps views of the weights it saved for
@@ -101,8 +101,7 @@ class Gatherer:
         self._empty = torch.empty(0, dtype=dtype, device=device)
         params = [p for g in groups for p in g.params]
         self.memory = whole_buffers([comm.world_size * c for g in groups for c in g.numels], dtype, device)
-        self.slot_of = {id(p): i for i, p in enumerate(params)}
-        self.buffer_of = {id(p): self.memory.buffers[i] for i, p in enumerate(params)}
+        self.slot_of = {id(p): i for i, p in enumerate(params)}  # index into self.memory.buffers
         for p in params:
             p.data = self._empty
 
@@ -125,8 +124,9 @@ class Gatherer:
             large = [i for i in todo if id(group.params[i]) not in self.persistent]
             for lo, hi, run in group.runs(large) + group.runs(small):
                 if len(run) == 1:  # the parameter's own buffer is the gathered layout: no copy-out
-                    gathered = self.buffer_of[id(group.params[run[0]])]
-                    self.memory.acquire(self.slot_of[id(group.params[run[0]])])
+                    slot = self.slot_of[id(group.params[run[0]])]
+                    self.memory.acquire(slot)
+                    gathered = self.memory.buffers[slot]
                 else:
                     gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
                 work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
@@ -143,11 +143,12 @@ class Gatherer:
             work.wait()
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
-            buffers = [self.buffer_of[id(group.params[i])] for i in run]
+            slots = [self.slot_of[id(group.params[i])] for i in run]
+            buffers = [self.memory.buffers[slot] for slot in slots]
             direct = gathered is buffers[0]  # gathered straight into the parameter (see start)
-            for buffer, i in zip(buffers, run):
+            for buffer, slot, i in zip(buffers, slots, run):
                 if not direct:
-                    self.memory.acquire(self.slot_of[id(group.params[i])])
+                    self.memory.acquire(slot)
                 group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
             if not direct:
                 torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
