@@ -51,6 +51,9 @@ DS_VENV = HERE / ".ds-venv"
 
 # step-time and peak-RSS targets for zerotrain / DeepSpeed (issue 3, acceptance item 6)
 TIME_TARGET, RSS_TARGET = 0.9, 1.0
+# torch's own counterpart, run beside the two engines where there is one
+TORCH_REFERENCE = {0: "ddp", 3: "fsdp2"}
+TORCH_NAME = {"ddp": "DDP", "fsdp2": "FSDP2"}
 
 
 # ============================================================================================
@@ -138,6 +141,23 @@ def worker(args) -> None:
             loss = engine(x, labels=x)
             engine.backward(loss)
             engine.step()
+            return loss
+    elif framework == "ddp":
+        # torch's own data parallelism at its best: C++ reducer, gradients as views of its
+        # buckets, fused AdamW. The floor for stage 0: the same compute and the same gloo
+        # all-reduce with (almost) no engine around them.
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
+
+        def step(x):
+            loss = ddp(x, labels=x)
+            loss.backward()
+            if args.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # keep the bucket views
             return loss
     elif framework == "fsdp2":
         from torch.distributed.fsdp import fully_shard
@@ -350,7 +370,7 @@ def _fmt(x, spec=".1f", width=8) -> str:
 def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
     zt = {s: _merge(results.get(("zerotrain", s), [])) for s in stages}
     ds = {s: _merge(results.get(("deepspeed", s), [])) for s in stages}
-    fs = _merge(results.get(("fsdp2", 3), []))
+    ref = {s: _merge(results.get((TORCH_REFERENCE[s], s), [])) for s in stages if s in TORCH_REFERENCE}
     any_run = next((m for m in list(zt.values()) + list(ds.values()) if m), None)
     print()
     if any_run:
@@ -362,7 +382,7 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
               f"DeepSpeed: {ds_state}")
     print()
     head = (f"{'stage':>5} | {'zt ms':>8} {'DS ms':>8} {'zt/DS':>6} | {'zt MiB':>7} {'DS MiB':>7} {'zt/DS':>6} | "
-            f"{'FSDP2 ms':>8} {'FSDP2 MiB':>9}")
+            f"{'torch':>5} {'ms':>8} {'MiB':>6} {'zt/torch':>8}")
     print("median step time (ms; each step timed between a barrier and the max over ranks) and")
     print("peak RSS per rank (MiB; VmHWM at the end of the job, the higher rank; median over rounds)")
     print(head)
@@ -373,10 +393,12 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
         z, d = zt[s], ds[s]
         t_ratio = z["ms"] / d["ms"] if z and d else None
         m_ratio = z["peak_mib"] / d["peak_mib"] if z and d else None
-        f = fs if s == 3 else None
+        f = ref.get(s)
+        name = TORCH_NAME[TORCH_REFERENCE[s]] if f else ""
         print(f"{s:>5} | {_fmt(z and z['ms'])} {_fmt(d and d['ms'])} {_fmt(t_ratio, '.2f', 6)} | "
               f"{_fmt(z and z['peak_mib'], '.0f', 7)} {_fmt(d and d['peak_mib'], '.0f', 7)} "
-              f"{_fmt(m_ratio, '.2f', 6)} | {_fmt(f and f['ms'])} {_fmt(f and f['peak_mib'], '.0f', 9)}")
+              f"{_fmt(m_ratio, '.2f', 6)} | {name:>5} {_fmt(f and f['ms'])} {_fmt(f and f['peak_mib'], '.0f', 6)} "
+              f"{_fmt(z and f and z['ms'] / f['ms'], '.2f', 8)}")
         if t_ratio is not None:
             ratios[s] = (t_ratio, m_ratio)
             ok &= t_ratio <= TIME_TARGET and m_ratio <= RSS_TARGET
@@ -397,9 +419,10 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
               f"{_fmt(d and d['train_peak_mib'], '.0f')} | {_fmt(z and z['init_peak_mib'], '.0f', 7)} "
               f"{_fmt(d and d['init_peak_mib'], '.0f', 7)} | {_fmt(z and z['init_s'], '.1f', 9)} "
               f"{_fmt(d and d['init_s'], '.1f', 9)}")
-    if fs:
-        print(f"FSDP2 (stage 3): cpu {fs['cpu_ms']:.0f} ms, train peak {fs['train_peak_mib']:.0f} MiB, "
-              f"init peak {fs['init_peak_mib']:.0f} MiB, init {fs['init_s']:.1f} s")
+    for s, f in ref.items():
+        if f:
+            print(f"{TORCH_NAME[TORCH_REFERENCE[s]]} (stage {s}): cpu {f['cpu_ms']:.0f} ms, train peak "
+                  f"{f['train_peak_mib']:.0f} MiB, init peak {f['init_peak_mib']:.0f} MiB, init {f['init_s']:.1f} s")
     print()
     print(f"targets: zt/DS step time <= {TIME_TARGET}, zt/DS peak RSS <= {RSS_TARGET} at every stage; "
           "zerotrain's peak RSS falling as the stage rises")
@@ -416,14 +439,14 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
 
     # losses of both, side by side
     print()
-    print("loss (mean over ranks) at each step, zerotrain vs DeepSpeed (and FSDP2 at stage 3)")
+    print("loss (mean over ranks) at each step, zerotrain vs DeepSpeed (and torch's DDP / FSDP2)")
     worst = {}
     for s in stages:
         z, d = zt[s], ds[s]
         if not z:
             continue
         cols = [("zt", z["losses"])] + ([("DS", d["losses"])] if d else []) + \
-            ([("FSDP2", fs["losses"])] if s == 3 and fs else [])
+            ([(TORCH_NAME[TORCH_REFERENCE[s]], ref[s]["losses"])] if ref.get(s) else [])
         print(f"stage {s}: step " + " ".join(f"{name:>10}" for name, _ in cols) + ("      |zt-DS|" if d else ""))
         n = min(len(c[1]) for c in cols)
         for i in range(n):
@@ -437,9 +460,10 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
         print("largest |loss zt - loss DS| per stage: " + ", ".join(f"{s}: {w:.1e}" for s, w in worst.items())
               + ("  (agree)" if max(worst.values()) < 1e-3 else "  (DO NOT agree)"))
         ok &= max(worst.values()) < 1e-3
-    if fs and zt.get(3):
-        print(f"largest |loss zt - loss FSDP2| at stage 3: "
-              f"{max(abs(a - b) for a, b in zip(zt[3]['losses'], fs['losses'])):.1e}")
+    for s, f in ref.items():
+        if f and zt.get(s):
+            print(f"largest |loss zt - loss {TORCH_NAME[TORCH_REFERENCE[s]]}| at stage {s}: "
+                  f"{max(abs(a - b) for a, b in zip(zt[s]['losses'], f['losses'])):.1e}")
     return ok
 
 
@@ -449,7 +473,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one round of few steps: a smoke test")
     parser.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages (default 0,1,2,3)")
     parser.add_argument("--skip-deepspeed", action="store_true", help="zerotrain and FSDP2 only")
-    parser.add_argument("--skip-fsdp2", action="store_true")
+    parser.add_argument("--skip-torch", "--skip-fsdp2", dest="skip_torch", action="store_true",
+                        help="no torch reference jobs (DDP at stage 0, FSDP2 at stage 3)")
     parser.add_argument("--reinstall-deepspeed", action="store_true", help="rebuild DeepSpeed's venv")
     parser.add_argument("--ds-venv", default=str(DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
@@ -503,8 +528,8 @@ def main() -> int:
         jobs.append(("zerotrain", s, Path(sys.executable)))
         if ds_py is not None:
             jobs.append(("deepspeed", s, ds_py))
-        if s == 3 and not args.skip_fsdp2:
-            jobs.append(("fsdp2", s, Path(sys.executable)))
+        if s in TORCH_REFERENCE and not args.skip_torch:
+            jobs.append((TORCH_REFERENCE[s], s, Path(sys.executable)))
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="compare_zero-") as tmp:
         log_dir = Path(tmp)

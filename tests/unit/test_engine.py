@@ -171,6 +171,26 @@ def test_clipping_uses_the_global_norm_and_matches_clip_grad_norm():
     assert_same_params(model, reference)
 
 
+def test_fused_optimizer_applies_the_clip_factor_itself(monkeypatch):
+    """With torch's fused AdamW the unscale x clip factor travels as `grad_scale` into the
+    kernel rather than as a pass over the gradients; the result is clip_grad_norm_'s."""
+    model = mlp()
+    reference = copy.deepcopy(model)
+    adam = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+    engine, *_ = zerotrain.initialize(model=model, config=config(optimizer=adam, gradient_clipping=0.05))
+    assert engine.optimizer.defaults["fused"]
+    factors = []
+    prepare = engine.strategy.prepare_step
+    monkeypatch.setattr(engine.strategy, "prepare_step", lambda coef: (factors.append(coef), prepare(coef)))
+    train_engine(engine, 3, 1)
+    ref_norms = train_reference(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01,
+                                                             fused=True), 3, 1, clip=0.05)
+    assert all(n > 0.05 for n in ref_norms)
+    assert factors == [1.0, 1.0, 1.0]  # the gradients themselves were never scaled
+    assert not hasattr(engine.optimizer, "grad_scale")
+    assert_same_params(model, reference)
+
+
 def test_clipping_zero_disables_it():
     model = mlp()
     ref_plain, ref_clipped = copy.deepcopy(model), copy.deepcopy(model)

@@ -136,7 +136,7 @@ class Engine(torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise TypeError("engine.backward expects the scalar loss tensor returned by the model")
         self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
-        scale = self.loss_scale / self.gradient_accumulation_steps()
+        scale = self.loss_scale / self.gradient_accumulation_steps() * self.strategy.averaging.in_loss
         with self._timers("backward"):
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
             self.strategy.end_backward()
@@ -176,8 +176,7 @@ class Engine(torch.nn.Module):
             clip = self.config.gradient_clipping
             if clip > 0 and norm > clip:
                 coef *= clip / (norm + 1e-6)
-            self.strategy.prepare_step(coef)
-            self.optimizer.step()
+            self._step_optimizer(coef)
             self.strategy.after_step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**lr_kwargs)
@@ -189,6 +188,23 @@ class Engine(torch.nn.Module):
         self.global_samples += self.train_batch_size()
         for feature in self.features:
             feature.after_step(self)
+
+    def _step_optimizer(self, coef: float) -> None:
+        """Step with every gradient multiplied by coef (unscale x clip). torch's fused kernels
+        take the factor as `grad_scale` (the hook GradScaler uses) and apply it while they read
+        each gradient anyway, which saves a pass over all of them."""
+        fold = (coef != 1.0 and getattr(self.optimizer, "_step_supports_amp_scaling", False)
+                and type(self.optimizer).__module__.startswith("torch.optim."))  # torch's own protocol
+        self.strategy.prepare_step(1.0 if fold else coef)
+        if not fold:
+            self.optimizer.step()
+            return
+        device = self.optimizer.param_groups[0]["params"][0].device
+        self.optimizer.grad_scale = torch.tensor(1.0 / coef, dtype=torch.float32, device=device)
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.grad_scale
 
     # ---- logging -------------------------------------------------------------------------
     def _note_overflow(self, scale: float) -> None:

@@ -15,6 +15,8 @@ rank), where a reduced bucket goes (`_launch`, `_land`), and `after_step` (all-g
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..dist import Comm
@@ -25,6 +27,29 @@ from .offload_plan import OptimizerOffload
 # DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
 # overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
 DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
+
+
+@dataclass(frozen=True)
+class Averaging:
+    """Where a gradient mean's division by the world size happens: `in_loss` is folded into
+    the loss the engine back-propagates (free: no pass over the gradients), `before` scales a
+    bucket ahead of the sum, `after` the sum."""
+
+    in_loss: float = 1.0
+    before: float = 1.0
+    after: float = 1.0
+
+
+def plan_averaging(world_size: int, prescale: bool, predivide: float, dtype: torch.dtype) -> Averaging:
+    """fp16: where the spec says (prescale_gradients, gradient_predivide_factor), for that
+    choice guards its narrow range. fp32 and bf16 have range to spare, so the whole 1/N goes
+    into the loss: no pass over the gradients for it, and for a power-of-two world size the
+    very numbers that dividing after the sum gives."""
+    if dtype != torch.float16:
+        return Averaging(in_loss=1.0 / world_size)
+    if prescale:
+        return Averaging(before=1.0 / world_size)
+    return Averaging(before=1.0 / predivide, after=predivide / world_size)
 
 
 def attach_and_scale(masters: list[torch.Tensor], grads: list[torch.Tensor], coef: float) -> None:
@@ -52,8 +77,8 @@ class DataParallel:
         # they live on another device (offloaded from a GPU); otherwise they are the model's
         # own buffer
         self.separate_masters = self.mixed or self.offload.master_device != torch.device(device)
-        self.prescale = prescale_gradients
-        self.predivide = float(gradient_predivide_factor)
+        self.averaging = plan_averaging(comm.world_size, prescale_gradients, float(gradient_predivide_factor),
+                                        compute_dtype)
         self.overlap_comm = overlap_comm
         ws = comm.world_size
         self.groups: list[FlatGroup] = []
@@ -114,14 +139,8 @@ class DataParallel:
             p.grad = view
 
     def _prescale(self, grads: torch.Tensor) -> None:
-        """Spec: prescale divides by world size before the sum; else by the predivide factor."""
-        if self.prescale:
-            grads.mul_(1.0 / self.comm.world_size)
-        elif self.predivide != 1.0:
-            grads.mul_(1.0 / self.predivide)
-
-    def _postscale_factor(self) -> float:
-        return 1.0 if self.prescale else self.predivide / self.comm.world_size
+        if self.averaging.before != 1.0:
+            grads.mul_(self.averaging.before)
 
     def _launch(self, bucket: Bucket):
         bucket.data = self.grad_buffers[bucket.group][bucket.start : bucket.end]
@@ -129,9 +148,8 @@ class DataParallel:
         return self.comm.all_reduce(bucket.data, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
-        post = self._postscale_factor()
-        if post != 1.0:
-            bucket.data.mul_(post)
+        if self.averaging.after != 1.0:
+            bucket.data.mul_(self.averaging.after)
 
     def end_backward(self) -> None:
         self.reducer.finish()

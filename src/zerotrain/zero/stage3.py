@@ -28,7 +28,7 @@ from .offload import rank_folder
 from .offload_plan import OptimizerOffload
 from .param_store import ParamStore
 from .gathered import GatheredParameters, register_owner
-from .stage0 import attach_and_scale
+from .stage0 import attach_and_scale, plan_averaging
 from .stage1 import sharded_grad_norm
 
 # what a module may return besides tensors and still be seen through for gradient hooks
@@ -53,8 +53,8 @@ class ShardedParameters:
         self.separate_masters = (self.mixed or param_kind == "nvme"
                                  or self.offload.master_device != torch.device(device))
         self.device = torch.device(device)
-        self.prescale = prescale_gradients
-        self.predivide = float(gradient_predivide_factor)
+        self.averaging = plan_averaging(comm.world_size, prescale_gradients, float(gradient_predivide_factor),
+                                        compute_dtype)
         ws, rank = comm.world_size, comm.rank
         self.groups, self.hyper = [], []
         for g in param_groups:
@@ -230,10 +230,8 @@ class ShardedParameters:
         if bucket.data is None:  # only unused parameters
             bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
                                       dtype=self.compute_dtype, device=self.device)
-        if self.prescale:
-            bucket.data.mul_(1.0 / self.comm.world_size)
-        elif self.predivide != 1.0:
-            bucket.data.mul_(1.0 / self.predivide)
+        if self.averaging.before != 1.0:
+            bucket.data.mul_(self.averaging.before)
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         if self._grads_zero and acc.dtype == self.compute_dtype and acc.device == self.device:
             bucket.out = acc  # nothing to add to yet: reduce straight into the fp32 shard
@@ -242,7 +240,7 @@ class ShardedParameters:
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
-        post = 1.0 if self.prescale else self.predivide / self.comm.world_size
+        post = self.averaging.after
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         if bucket.out.data_ptr() == acc.data_ptr():
             if post != 1.0:
