@@ -199,7 +199,7 @@ class Engine(torch.nn.Module):
         if not fold:
             self.optimizer.step()
             return
-        device = self.optimizer.param_groups[0]["params"][0].device
+        device = next(p.device for g in self.optimizer.param_groups for p in g["params"])
         self.optimizer.grad_scale = torch.tensor(1.0 / coef, dtype=torch.float32, device=device)
         try:
             self.optimizer.step()
