@@ -368,7 +368,14 @@ def _merge(runs: list[dict]) -> dict | None:
             "train_peak_mib": statistics.median(train) / 1024 if train else float("nan"),
             "peak_per_rank_mib": [k / 1024 for k in runs[-1]["peak_kib"]],
             "losses": runs[0]["losses"], "repeatable": all(r["losses"] == runs[0]["losses"] for r in runs),
-            "params": runs[0]["params"]}
+            "params": runs[0]["params"],
+            "by_round": {r["round"]: (1000 * statistics.median(r["times"]), max(r["peak_kib"]) / 1024) for r in runs}}
+
+
+def _paired(a: dict, b: dict, what: int) -> list[float]:
+    """a / b round by round, over the rounds both finished: machine drift between rounds,
+    or a round one side lost to a crash, then weighs on neither side alone."""
+    return [a["by_round"][r][what] / b["by_round"][r][what] for r in sorted(a["by_round"]) if r in b["by_round"]]
 
 
 def _fmt(x, spec=".1f", width=8) -> str:
@@ -392,24 +399,28 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
     head = (f"{'stage':>5} | {'zt ms':>8} {'DS ms':>8} {'zt/DS':>6} | {'zt MiB':>7} {'DS MiB':>7} {'zt/DS':>6} | "
             f"{'torch':>5} {'ms':>8} {'MiB':>6} {'zt/torch':>8}")
     print("median step time (ms; each step timed between a barrier and the max over ranks) and")
-    print("peak RSS per rank (MiB; VmHWM at the end of the job, the higher rank; median over rounds)")
+    print("peak RSS per rank (MiB; VmHWM at the end of the job, the higher rank; median over rounds);")
+    print("zt/DS: the median of the per-round ratios, over the rounds both finished")
     print(head)
     print("-" * len(head))
     ok = True
     ratios = {}
     for s in stages:
         z, d = zt[s], ds[s]
-        t_ratio = z["ms"] / d["ms"] if z and d else None
-        m_ratio = z["peak_mib"] / d["peak_mib"] if z and d else None
+        # the ratios are medians of per-round ratios (rounds where both sides finished)
+        t_ratio = statistics.median(_paired(z, d, 0)) if z and d and _paired(z, d, 0) else None
+        m_ratio = statistics.median(_paired(z, d, 1)) if t_ratio is not None else None
         f = ref.get(s)
         name = TORCH_NAME[TORCH_REFERENCE[s]] if f else ""
         print(f"{s:>5} | {_fmt(z and z['ms'])} {_fmt(d and d['ms'])} {_fmt(t_ratio, '.2f', 6)} | "
               f"{_fmt(z and z['peak_mib'], '.0f', 7)} {_fmt(d and d['peak_mib'], '.0f', 7)} "
               f"{_fmt(m_ratio, '.2f', 6)} | {name:>5} {_fmt(f and f['ms'])} {_fmt(f and f['peak_mib'], '.0f', 6)} "
-              f"{_fmt(z and f and z['ms'] / f['ms'], '.2f', 8)}")
+              f"{_fmt(z and f and _paired(z, f, 0) and statistics.median(_paired(z, f, 0)), '.2f', 8)}")
         if t_ratio is not None:
             ratios[s] = (t_ratio, m_ratio)
             ok &= t_ratio <= TIME_TARGET and m_ratio <= RSS_TARGET
+    for s, (t_ratio, _) in ratios.items():
+        print(f"  stage {s} step time zt/DS by round: " + ", ".join(f"{r:.2f}" for r in _paired(zt[s], ds[s], 0)))
     print()
     head2 = (f"{'stage':>5} | {'zt cpu':>7} {'DS cpu':>7} {'zt/DS':>6} | {'zt train':>8} {'DS train':>8} | "
              f"{'zt init':>7} {'DS init':>7} | {'zt init s':>9} {'DS init s':>9}")
@@ -553,6 +564,7 @@ def main() -> int:
             for framework, stage, py in order:
                 res = run_job(py, framework, stage, args, log_dir, src)
                 if res is not None:
+                    res["round"] = rnd
                     results.setdefault((framework, stage), []).append(res)
     ok = report(results, stages, args, ds_state)
     if args.json:
