@@ -366,8 +366,10 @@ class ZeroTrainConfig(Block):
         100, ge=0, description="Stop (NonFiniteStepsError) after this many optimizer steps in a row are skipped "
                                "for non-finite gradients; 0 never stops. zerotrain only.")
     gradient_clipping: Float = Field(1.0, ge=0.0, description="Max global grad L2 norm; 0 disables clipping.")
-    prescale_gradients: bool = Field(False, description="Divide grads by world size before all-reduce.")
-    gradient_predivide_factor: Float = Field(1.0, gt=0.0, description="Divide grads by this before all-reduce.")
+    prescale_gradients: bool = Field(False, description="fp16: divide grads by world size before the all-reduce, "
+                                                       "not after. fp32/bf16 always divide before (inside the backward).")
+    gradient_predivide_factor: Float = Field(1.0, gt=0.0, description="fp16: divide grads by this before the all-reduce "
+                                                                     "and by world_size/this after.")
     optimizer: OptimizerConfig | None = Field(None, description="Optimizer to build; none means bring your own.")
     scheduler: SchedulerConfig | None = Field(None, description="LR scheduler to build.")
     fp16: FP16Config = Field(default_factory=FP16Config, description="fp16 mixed precision and loss scaling.")
