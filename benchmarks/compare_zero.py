@@ -61,7 +61,7 @@ DS_VENV = HERE / ".ds-venv"
 TIME_TARGET, RSS_TARGET = 0.9, 1.0
 # torch's own counterpart, run beside the two engines where there is one
 TORCH_REFERENCE = {0: "ddp", 3: "fsdp2"}
-TORCH_NAME = {"ddp": "DDP", "fsdp2": "FSDP2"}
+TORCH_NAME = {0: "DDP", 3: "FSDP2"}  # as the table names them
 
 
 # ============================================================================================
@@ -417,7 +417,7 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
         # the ratios are medians of per-round ratios (rounds where both sides finished)
         t_ratio, m_ratio = _paired_ratio(z, d, 0), _paired_ratio(z, d, 1)
         f = ref.get(s)
-        name = TORCH_NAME[TORCH_REFERENCE[s]] if f else ""
+        name = TORCH_NAME[s] if f else ""
         print(f"{s:>5} | {_fmt(z and z['ms'])} {_fmt(d and d['ms'])} {_fmt(t_ratio, '.2f', 6)} | "
               f"{_fmt(z and z['peak_mib'], '.0f', 7)} {_fmt(d and d['peak_mib'], '.0f', 7)} "
               f"{_fmt(m_ratio, '.2f', 6)} | {name:>5} {_fmt(f and f['ms'])} {_fmt(f and f['peak_mib'], '.0f', 6)} "
@@ -446,7 +446,7 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
               f"{_fmt(d and d['init_s'], '.1f', 9)}")
     for s, f in ref.items():
         if f:
-            print(f"{TORCH_NAME[TORCH_REFERENCE[s]]} (stage {s}): cpu {f['cpu_ms']:.0f} ms, train peak "
+            print(f"{TORCH_NAME[s]} (stage {s}): cpu {f['cpu_ms']:.0f} ms, train peak "
                   f"{f['train_peak_mib']:.0f} MiB, init peak {f['init_peak_mib']:.0f} MiB, init {f['init_s']:.1f} s")
     print()
     print(f"targets: zt/DS step time <= {TIME_TARGET}, zt/DS peak RSS <= {RSS_TARGET} at every stage; "
@@ -478,7 +478,7 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
         if not z:
             continue
         cols = [("zt", z["losses"])] + ([("DS", d["losses"])] if d else []) + \
-            ([(TORCH_NAME[TORCH_REFERENCE[s]], ref[s]["losses"])] if ref.get(s) else [])
+            ([(TORCH_NAME[s], ref[s]["losses"])] if ref.get(s) else [])
         print(f"stage {s}: step " + " ".join(f"{name:>10}" for name, _ in cols) + ("      |zt-DS|" if d else ""))
         n = min(len(c[1]) for c in cols)
         for i in range(n):
@@ -494,7 +494,7 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
         ok &= max(worst.values()) < 1e-3
     for s, f in ref.items():
         if f and zt.get(s):
-            print(f"largest |loss zt - loss {TORCH_NAME[TORCH_REFERENCE[s]]}| at stage {s}: "
+            print(f"largest |loss zt - loss {TORCH_NAME[s]}| at stage {s}: "
                   f"{max(abs(a - b) for a, b in zip(zt[s]['losses'], f['losses'])):.1e}")
     return ok
 

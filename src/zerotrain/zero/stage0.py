@@ -39,6 +39,14 @@ class Averaging:
     before: float = 1.0
     after: float = 1.0
 
+    def scale_before_sum(self, grads: torch.Tensor) -> None:
+        if self.before != 1.0:
+            grads.mul_(self.before)
+
+    def scale_after_sum(self, grads: torch.Tensor) -> None:
+        if self.after != 1.0:
+            grads.mul_(self.after)
+
 
 def plan_averaging(world_size: int, prescale: bool, predivide: float, dtype: torch.dtype) -> Averaging:
     """fp16: where the spec says (prescale_gradients, gradient_predivide_factor), for that
@@ -138,18 +146,13 @@ class DataParallel:
             view.copy_(p.grad)
             p.grad = view
 
-    def _prescale(self, grads: torch.Tensor) -> None:
-        if self.averaging.before != 1.0:
-            grads.mul_(self.averaging.before)
-
     def _launch(self, bucket: Bucket):
         bucket.data = self.grad_buffers[bucket.group][bucket.start : bucket.end]
-        self._prescale(bucket.data)
+        self.averaging.scale_before_sum(bucket.data)
         return self.comm.all_reduce(bucket.data, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
-        if self.averaging.after != 1.0:
-            bucket.data.mul_(self.averaging.after)
+        self.averaging.scale_after_sum(bucket.data)
 
     def end_backward(self) -> None:
         self.reducer.finish()

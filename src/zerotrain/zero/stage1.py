@@ -48,7 +48,7 @@ class ShardedOptimizer(DataParallel):
 
     def _launch(self, bucket: Bucket):
         bucket.data = self.grad_buffers[bucket.group][bucket.start : bucket.end]
-        self._prescale(bucket.data)
+        self.averaging.scale_before_sum(bucket.data)
         return self.comm.reduce(bucket.data, dst=bucket.owner, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:

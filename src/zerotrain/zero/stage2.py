@@ -58,7 +58,7 @@ class ShardedGradients(ShardedOptimizer):
         if bucket.data is None:  # only padding or unused parameters
             bucket.data = torch.zeros(bucket.end - bucket.start, dtype=self.compute_dtype,
                                       device=self.model_buffers[bucket.group].device)
-        self._prescale(bucket.data)
+        self.averaging.scale_before_sum(bucket.data)
         return self.comm.reduce(bucket.data, dst=bucket.owner, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:

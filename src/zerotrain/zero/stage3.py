@@ -230,8 +230,7 @@ class ShardedParameters:
         if bucket.data is None:  # only unused parameters
             bucket.data = torch.zeros(self.comm.world_size, bucket.end - bucket.start,
                                       dtype=self.compute_dtype, device=self.device)
-        if self.averaging.before != 1.0:
-            bucket.data.mul_(self.averaging.before)
+        self.averaging.scale_before_sum(bucket.data)
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         if self._grads_zero and acc.dtype == self.compute_dtype and acc.device == self.device:
             bucket.out = acc  # nothing to add to yet: reduce straight into the fp32 shard
@@ -240,13 +239,11 @@ class ShardedParameters:
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
-        post = self.averaging.after
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         if bucket.out.data_ptr() == acc.data_ptr():
-            if post != 1.0:
-                acc.mul_(post)
+            self.averaging.scale_after_sum(acc)
         else:
-            acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=post)
+            acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=self.averaging.after)
         bucket.out = None
 
     def end_backward(self) -> None:
