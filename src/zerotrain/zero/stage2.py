@@ -66,7 +66,9 @@ class ShardedGradients(ShardedOptimizer):
             return
         first = self.comm.rank * self.groups[bucket.group].shard_numel
         acc = self.master_grads[bucket.group][bucket.start - first : bucket.end - first]
-        acc.add_(bucket.data.to(acc.device, non_blocking=True), alpha=self.averaging.after)
+        # a blocking copy when acc is offloaded: the CPU adds it at once, and an asynchronous
+        # copy out of a GPU could still be in flight then
+        acc.add_(bucket.data.to(acc.device), alpha=self.averaging.after)
 
     def _step_grads(self) -> list[torch.Tensor]:
         return self.master_grads

@@ -243,7 +243,8 @@ class ShardedParameters:
         if bucket.out.data_ptr() == acc.data_ptr():
             self.averaging.scale_after_sum(acc)
         else:
-            acc.add_(bucket.out.to(acc.device, non_blocking=True), alpha=self.averaging.after)
+            # blocking, as in stage 2: an offloaded acc is read by the CPU at once
+            acc.add_(bucket.out.to(acc.device), alpha=self.averaging.after)
         bucket.out = None
 
     def end_backward(self) -> None:
