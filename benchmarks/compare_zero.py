@@ -369,7 +369,9 @@ def _merge(runs: list[dict]) -> dict | None:
             "peak_per_rank_mib": [k / 1024 for k in runs[-1]["peak_kib"]],
             "losses": runs[0]["losses"], "repeatable": all(r["losses"] == runs[0]["losses"] for r in runs),
             "params": runs[0]["params"],
-            "by_round": {r["round"]: (1000 * statistics.median(r["times"]), max(r["peak_kib"]) / 1024) for r in runs}}
+            # per round: (step ms, peak MiB, CPU ms), the numbers the ratios pair up
+            "by_round": {r["round"]: (1000 * statistics.median(r["times"]), max(r["peak_kib"]) / 1024,
+                                      1000 * statistics.median(r["cpu"])) for r in runs}}
 
 
 def _paired(a: dict | None, b: dict | None, what: int) -> list[float]:
@@ -433,12 +435,12 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
     print("supplementary: CPU ms per step (process CPU time incl. comm threads, max over ranks; less")
     print("sensitive to other load on the machine than wall time), peak RSS during the training steps")
     print("alone ('train', VmHWM reset after initialisation), peak RSS by the end of initialisation")
-    print("('init'), and initialisation wall time (s)")
+    print("('init'), and initialisation wall time (s); zt/DS paired by round, as above")
     print(head2)
     print("-" * len(head2))
     for s in stages:
         z, d = zt[s], ds[s]
-        c_ratio = z["cpu_ms"] / d["cpu_ms"] if z and d else None
+        c_ratio = _paired_ratio(z, d, 2)
         print(f"{s:>5} | {_fmt(z and z['cpu_ms'], '.0f', 7)} {_fmt(d and d['cpu_ms'], '.0f', 7)} "
               f"{_fmt(c_ratio, '.2f', 6)} | {_fmt(z and z['train_peak_mib'], '.0f')} "
               f"{_fmt(d and d['train_peak_mib'], '.0f')} | {_fmt(z and z['init_peak_mib'], '.0f', 7)} "
