@@ -22,8 +22,8 @@ all-reduce: its training gradients go through torch.distributed on gloo, as ours
 
 torch's DDP beside stage 0 is the floor there: the same compute and the same gloo all-reduce
 with almost nothing around them. At 42M and micro batch 4 x 128 it lands at 0.86-1.04 of
-DeepSpeed's step time round by round, and zerotrain within a few percent of it either way,
-so the stage-0 target of 0.9 sits right at that floor. The margin grows with fewer tokens
+DeepSpeed's step time round by round (median 0.91 over 6 rounds), and zerotrain within a few
+percent of it either way, so the stage-0 target of 0.9 sits right at that floor. The margin grows with fewer tokens
 per step (`--micro 2`, `--micro 1`): the compute shrinks with them, while what DeepSpeed's
 engine adds to it depends on the parameters only.
 
