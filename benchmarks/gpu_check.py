@@ -27,18 +27,20 @@ The GPU machine's python3 holds a CUDA torch but not pydantic. Its wheels travel
         pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 then run, with carry [".whl"] and a timeout of about 420 s:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -146,8 +148,7 @@ def worker(args) -> None:
         check("fused optimizer on device", kernel == "fused" or not cuda,
               f"{kernel} kernel, state on {sorted(where)}")
     early, late = statistics.mean(losses[:2]), statistics.mean(losses[-2:])
-    finite = all(v == v and abs(v) != float("inf") for v in losses)
-    check("loss falls", finite and late < early, f"{early:.3f} -> {late:.3f}")
+    check("loss falls", all(map(math.isfinite, losses)) and late < early, f"{early:.3f} -> {late:.3f}")
 
     step_s = statistics.median(times)
     tokens = size["micro"] * size["seq"]
@@ -217,8 +218,6 @@ def main() -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
-    import tempfile
-
     import torch
 
     out = Path(args.out or tempfile.mkdtemp(prefix="gpu_check-"))

@@ -47,6 +47,11 @@ class Averaging:
         if self.after != 1.0:
             grads.mul_(self.after)
 
+    def add_sum_into(self, acc: torch.Tensor, summed: torch.Tensor) -> None:
+        """acc += the scaled sum. The copy to acc's device blocks: an offloaded acc is read by
+        the CPU at once, and an asynchronous copy out of a GPU could still be in flight."""
+        acc.add_(summed.to(acc.device), alpha=self.after)
+
 
 def plan_averaging(world_size: int, prescale: bool, predivide: float, dtype: torch.dtype) -> Averaging:
     """fp16: where the spec says (prescale_gradients, gradient_predivide_factor), for that

@@ -66,9 +66,7 @@ class ShardedGradients(ShardedOptimizer):
             return
         first = self.comm.rank * self.groups[bucket.group].shard_numel
         acc = self.master_grads[bucket.group][bucket.start - first : bucket.end - first]
-        # a blocking copy when acc is offloaded: the CPU adds it at once, and an asynchronous
-        # copy out of a GPU could still be in flight then
-        acc.add_(bucket.data.to(acc.device), alpha=self.averaging.after)
+        self.averaging.add_sum_into(acc, bucket.data)
 
     def _step_grads(self) -> list[torch.Tensor]:
         return self.master_grads

@@ -243,8 +243,7 @@ class ShardedParameters:
         if bucket.out.data_ptr() == acc.data_ptr():
             self.averaging.scale_after_sum(acc)
         else:
-            # blocking, as in stage 2: an offloaded acc is read by the CPU at once
-            acc.add_(bucket.out.to(acc.device), alpha=self.averaging.after)
+            self.averaging.add_sum_into(acc, bucket.out)
         bucket.out = None
 
     def end_backward(self) -> None:
