@@ -508,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.role in ("train", "check"):
-        from zerotrain.dist import shutdown
+        from zerotrain.comm import shutdown
 
         if args.role == "train":
             run_train(args)

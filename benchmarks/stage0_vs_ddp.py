@@ -98,7 +98,7 @@ if __name__ == "__main__":
     if "RANK" in os.environ:
         bench(args)
     else:
-        from zerotrain.dist.launch import launch_module
+        from zerotrain.comm.launch import launch_module
 
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         os.environ["PYTHONPATH"] = os.path.dirname(os.path.abspath(__file__)) + os.pathsep + os.environ.get("PYTHONPATH", "")

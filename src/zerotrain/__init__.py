@@ -4,12 +4,19 @@
     loss = engine(batch); engine.backward(loss); engine.step()
 """
 
+import sys
+
 from .errors import CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError
 from .features import CurriculumScheduler, ProgressiveLayerDrop
 from .initialize import initialize
 from .precision import DynamicLossScaler
 from .schedules import get_scheduler
 from .zero.estimate import estimate_memory
+from .features import layer_drop as layerdrop
+
+# `zerotrain.layerdrop` (wrap, LayerDrop, keep_mask) is the public name of the one layer-drop
+# module, features/layer_drop.py; registered so `import zerotrain.layerdrop` works too.
+sys.modules[__name__ + ".layerdrop"] = layerdrop
 
 __version__ = "0.1.0"
 

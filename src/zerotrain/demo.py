@@ -136,7 +136,7 @@ def run_demo(out: Path, nproc: int, steps: int | None, vocab_size: int) -> int:
     import yaml
 
     from .commands.train import _launch
-    from .dist import Comm, ParallelState
+    from .comm import Comm, ParallelState
     from .trainer.args import build
     from .trainer.data import prepare as prepare_data
     from .trainer.models import load_model

@@ -11,7 +11,7 @@ import torch
 
 from .config import load_config
 from .data import build_dataloader
-from .dist import Comm, init_parallel
+from .comm import Comm, init_parallel
 from .engine.engine import Engine
 from .errors import ConfigError
 from .features import build_features

@@ -14,7 +14,7 @@ import time
 import torch
 
 import zerotrain
-from zerotrain.dist import init_parallel
+from zerotrain.comm import init_parallel
 from zerotrain.errors import DistributedFaultError
 
 sys.path.insert(0, os.path.dirname(__file__))

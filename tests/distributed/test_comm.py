@@ -9,7 +9,7 @@ def flat_collectives() -> dict:
     import torch
     import torch.distributed as dist
 
-    from zerotrain.dist.comm import Comm, ParallelState
+    from zerotrain.comm.collectives import Comm, ParallelState
 
     rank, world = dist.get_rank(), dist.get_world_size()
     # every rank creates every group, in the same order

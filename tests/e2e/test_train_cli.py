@@ -178,7 +178,7 @@ def test_lora_on_an_hf_model_with_zero3_and_gradient_checkpointing(tmp_path):
     # the merged model scores the eval set as the adapter run did (same cached eval set, one process)
     code = ("import json, sys; from zerotrain.trainer.args import build; from zerotrain.trainer import Trainer;"
             "from zerotrain.trainer.data import prepare; from zerotrain.trainer.models import load_model;"
-            "from zerotrain.trainer.tokenizer import load_tokenizer; from zerotrain.dist import Comm, ParallelState;"
+            "from zerotrain.trainer.tokenizer import load_tokenizer; from zerotrain.comm import Comm, ParallelState;"
             "m, d, t = build({'model_name_or_path': 'merged', 'train_file': 'train.jsonl', 'output_dir': 'ev',"
             " 'block_size': 32, 'validation_split_percentage': 10, 'cache_dir': 'cache', 'report_to': 'none'});"
             "tok = load_tokenizer(None, 'merged'); data = prepare(m, d, 42, tok, 64, Comm(ParallelState()));"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "zerotrain"
-COMM = PACKAGE / "dist" / "comm.py"
+COMM = PACKAGE / "comm" / "collectives.py"
 MAX_LINES = 450
 
 
@@ -67,7 +67,7 @@ def test_detector_sees_every_spelling(snippet):
     "from torch import nn",
     "import torch.distributions",
     "from torch.distributions import Normal",
-    "from .dist import Comm",
+    "from .comm import Comm",
     "'''talks to torch.distributed (see comm.py)'''",  # prose may name it
     "'''torch.distributed.run starts the ranks'''",
 ])
@@ -76,7 +76,7 @@ def test_detector_ignores_other_imports(snippet):
 
 
 def test_only_the_dist_package_imports_torch_distributed():
-    """Collectives go through dist/comm.py; the torchrun launcher (dist/launch.py) is the
+    """Collectives go through comm/collectives.py; the torchrun launcher (comm/launch.py) is the
     only other piece of the communication layer."""
     offenders = {}
     for path in modules():
@@ -85,7 +85,7 @@ def test_only_the_dist_package_imports_torch_distributed():
         hits = distributed_uses(path.read_text(encoding="utf-8"), str(path))
         if hits:
             offenders[str(path.relative_to(PACKAGE.parent))] = hits
-    assert not offenders, ("torch.distributed is used outside zerotrain/dist/; route it "
+    assert not offenders, ("torch.distributed is used outside zerotrain/comm/; route it "
                            f"through Comm: {offenders}")
     assert distributed_uses(COMM.read_text(encoding="utf-8"))  # and comm.py really is the one
 

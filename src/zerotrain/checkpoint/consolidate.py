@@ -3,7 +3,7 @@
 Training checkpoints hold what each rank owns, laid out for the stage that wrote them; to
 evaluate, fine-tune elsewhere or publish a model, one wants a plain state dict. The layout
 saved in model_states.pt says where every parameter sits (flat.py: one padded buffer cut
-into N contiguous shards; gather.py: every parameter cut into N chunks), so the weights can
+into N contiguous shards; stage3_gather.py: every parameter cut into N chunks), so the weights can
 be put back together offline, one rank file at a time, without the model's code.
 
 Sources, best first: the fp32 masters (mixed precision: the module holds only their half

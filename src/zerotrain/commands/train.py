@@ -88,7 +88,7 @@ def _copy(train_args):
 
 
 def _launch(argv: list[str], nproc: int) -> int:
-    from ..dist.launch import run_ranks
+    from ..comm.launch import run_ranks
 
     with tempfile.TemporaryDirectory(prefix="zerotrain-errors-") as errors:
         os.environ[_ERROR_DIR] = errors
@@ -118,10 +118,10 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
             [item for k, v in cli.items() for item in (f"--{k}", str(v))]
         return _launch(argv, nproc)
     if os.environ.get(_ERROR_DIR):  # a rank of our own launcher: go down with it
-        from ..dist.launch import die_with_launcher
+        from ..comm.launch import die_with_launcher
 
         die_with_launcher()
-    from ..dist import shutdown
+    from ..comm import shutdown
     from ..trainer.pipeline import run as run_pipeline
 
     try:

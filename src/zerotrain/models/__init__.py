@@ -1,5 +1,5 @@
 """Small built-in models for the demo, the tests and the benchmarks. Their blocks are
-switchable for progressive layer drop (zerotrain.layerdrop)."""
+switchable for progressive layer drop (zerotrain.features.layer_drop, public as zerotrain.layerdrop)."""
 
 from .bert import BertConfig, BertEncoder, BertForMaskedLM, BertForSequenceClassification
 from .gpt import GPT, GPTConfig

@@ -3,7 +3,7 @@
 Pre-LN (LayerNorm inside the residual branch, one final LayerNorm) is what the PLD paper
 trains: with an identity residual path a skipped block leaves a well-scaled signal, and
 training stays stable without the long warmup Post-LN BERT needs. The blocks are a
-zerotrain.layerdrop.LayerDrop list, so `progressive_layer_drop=True, pld_theta=t` in
+zerotrain.layerdrop.LayerDrop list (features/layer_drop.py), so `progressive_layer_drop=True, pld_theta=t` in
 training skips blocks (block i of L kept with probability 1 - i/L * (1 - t)).
 
     input_ids -> token + position (+ segment) embeddings -> LN -> [PreLN block] x L -> LN
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layerdrop import LayerDrop
+from ..features.layer_drop import LayerDrop
 from .block import PreLNBlock
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layerdrop import LayerDrop
+from ..features.layer_drop import LayerDrop
 from .block import PreLNBlock
 
 

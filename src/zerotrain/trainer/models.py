@@ -264,7 +264,7 @@ def _checkpointed_class(cls: type) -> type:
 
 def enable_gradient_checkpointing(model: nn.Module) -> int:
     """Recompute every transformer block in backward; returns the number of blocks."""
-    from ..layerdrop import find
+    from ..features.layer_drop import find
 
     lists = find(model)
     if not lists:

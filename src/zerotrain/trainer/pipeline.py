@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..dist import Comm, init_parallel
+from ..comm import Comm, init_parallel
 from ..errors import ConfigError
 from .args import DataArguments, ModelArguments, TrainingArguments
 

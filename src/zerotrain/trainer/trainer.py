@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 import zerotrain
 
-from ..dist import Comm, init_parallel
+from ..comm import Comm, init_parallel
 from ..errors import ConfigError, DataError, NonFiniteStepsError
 from ..schedules import get_scheduler, resolve_warmup_steps
 from . import checkpoints as ckpt

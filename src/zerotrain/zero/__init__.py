@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from ..dist import Comm
+from ..comm import Comm
 from ..errors import ConfigError
 from .stage0 import DEFAULT_BUCKET_NUMEL, DataParallel
 from .stage1 import ShardedOptimizer
 from .stage2 import ShardedGradients
-from .gathered import GatheredParameters
-from .init import Init, is_partitioned
+from .gathered_parameters import GatheredParameters
+from .partitioned_init import Init, is_partitioned
 from .stage3 import ShardedParameters
 
 # Stages 2-3 copy gradients into staging buffers (up to three buckets alive: two in flight, one

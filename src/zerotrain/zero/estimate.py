@@ -31,7 +31,7 @@ def _flat_padded(num_params: int, world_size: int) -> int:
 
 
 def _chunked_shard(num_params: int, world_size: int) -> int:
-    """Stage 3: 1/N of the model rounded to ALIGN (gather.py). Each tensor is also rounded up
+    """Stage 3: 1/N of the model rounded to ALIGN (stage3_gather.py). Each tensor is also rounded up
     to a multiple of N, fewer than N elements per tensor, which is left out here."""
     per_rank = -(-num_params // world_size)
     return max(ALIGN, -(-per_rank // ALIGN) * ALIGN)

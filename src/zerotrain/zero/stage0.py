@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dist import Comm
+from ..comm import Comm
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup
-from .offload_plan import OptimizerOffload
+from .offload_placement import OptimizerOffload
 
 # DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
 # overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.

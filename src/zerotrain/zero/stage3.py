@@ -1,6 +1,6 @@
 """ZeRO stage 3: parameters sharded too; each module gathers its own just in time.
 
-Every rank keeps 1/N of every parameter (gather.py). Hooks on each module that owns
+Every rank keeps 1/N of every parameter (stage3_gather.py). Hooks on each module that owns
 parameters run the schedule:
 
     forward pre-hook    all-gather the module's parameters (one collective per contiguous run)
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 from .buckets import Bucket, BucketedReducer, plan_buckets
-from .gather import Gatherer, ShardedGroup
-from .offload import rank_folder
-from .offload_plan import OptimizerOffload
-from .param_store import ParamStore
-from .gathered import GatheredParameters, register_owner
+from .stage3_gather import Gatherer, ShardedGroup
+from .nvme_swap import rank_folder
+from .offload_placement import OptimizerOffload
+from .param_shard_store import ParamStore
+from .gathered_parameters import GatheredParameters, register_owner
 from .stage0 import attach_and_scale, plan_averaging
 from .stage1 import sharded_grad_norm
 

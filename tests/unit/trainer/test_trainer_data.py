@@ -8,7 +8,7 @@ import os
 import pytest
 from trainer_helpers import lines, write_text
 
-from zerotrain.dist import Comm, ParallelState
+from zerotrain.comm import Comm, ParallelState
 from zerotrain.errors import ConfigError, DataError
 from zerotrain.trainer import data as tdata
 from zerotrain.trainer.args import DataArguments, ModelArguments

@@ -77,7 +77,7 @@ def _one_sgd_step_change(tmp_path, name, clip):
     from zerotrain.trainer.models import build_model
     from zerotrain.trainer.tokenizer import byte_tokenizer
     from zerotrain.trainer import Trainer
-    from zerotrain.dist import Comm, ParallelState
+    from zerotrain.comm import Comm, ParallelState
 
     tok = byte_tokenizer()
     data = prepare(ModelArguments(), DataArguments(train_file=str(write_text(tmp_path / "t.txt")), block_size=32,
@@ -207,7 +207,7 @@ def test_gradient_checkpointing_recomputes_blocks_with_the_same_result(tmp_path)
 
 
 def test_ddp_timeout_reaches_init_process_group(tmp_path, monkeypatch):
-    import zerotrain.dist.comm as comm
+    import zerotrain.comm.collectives as comm
 
     seen = {}
 

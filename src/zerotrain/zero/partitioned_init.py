@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..dist import Comm, init_parallel
+from ..comm import Comm, init_parallel
 
 
 def is_partitioned(p: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, DistributedFaultError
-from .watchdog import Heartbeat
+from .heartbeat import Heartbeat
 
 # torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

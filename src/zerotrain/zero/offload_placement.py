@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .offload import SwappedOptimizer, rank_folder
+from .nvme_swap import SwappedOptimizer, rank_folder
 
 BLOCK_NUMEL = 1 << 18  # elements per NVMe swap block: 1 MB of fp32 per state tensor
 

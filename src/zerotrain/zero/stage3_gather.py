@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .flat import ALIGN
-from .init import full_shape, is_partitioned
+from .partitioned_init import full_shape, is_partitioned
 from .pages import whole_buffers
 
 
@@ -89,7 +89,7 @@ class Gatherer:
 
     def __init__(self, groups: list[ShardedGroup], stores: list, comm, persistent: set[int], device, dtype):
         self.groups = groups
-        self.stores = stores  # param_store.ParamStore per group
+        self.stores = stores  # param_shard_store.ParamStore per group
         self.comm = comm
         self.persistent = persistent  # ids of params kept whole once gathered
         self.whole: dict[int, torch.nn.Parameter] = {}  # id -> param, for params now whole

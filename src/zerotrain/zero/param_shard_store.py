@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .offload import FileStore
+from .nvme_swap import FileStore
 
 
 class ParamStore:

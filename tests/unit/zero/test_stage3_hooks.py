@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import zerotrain
-from zerotrain.zero import gather
+from zerotrain.zero import stage3_gather
 from zerotrain.zero.pages import MovedPages, OwnStorages
 
 
@@ -73,7 +73,7 @@ def batches(n: int):
 @pytest.mark.parametrize("memory", ["default", "own_storages"])
 def test_outputs_of_any_shape_get_their_parameters_back_for_backward(memory, monkeypatch):
     if memory == "own_storages":  # what accelerators and other systems get (pages.py)
-        monkeypatch.setattr(gather, "whole_buffers", lambda numels, dtype, device: OwnStorages(numels, dtype, device))
+        monkeypatch.setattr(stage3_gather, "whole_buffers", lambda numels, dtype, device: OwnStorages(numels, dtype, device))
     reference = Net()
     opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01)
     expected = []
