@@ -12,9 +12,9 @@ import torch
 from .config import load_config
 from .data import build_dataloader
 from .comm import Comm, init_parallel
-from .engine.engine import Engine
 from .errors import ConfigError
 from .features import build_features
+from .features.engine_methods import TrainingEngine
 from .optim import adapt_client_optimizer, build_optimizer
 from .precision import build_loss_scaler
 from .schedules import build_scheduler
@@ -159,8 +159,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, state.rank,
                                   state.world_size, collate_fn=collate_fn)
-    engine = Engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
-                    features=build_features(cfg), training_dataloader=loader)
+    engine = TrainingEngine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
+                            features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)
     return engine, torch_optimizer, loader, scheduler

@@ -94,9 +94,9 @@ def live_parameter_peak(max_live: int, prefetch: int) -> dict:
         engine.backward(engine(x, labels=x))
         engine.step()
     strategy = engine.strategy
-    module_sizes = [sum(strategy.gatherer.numel_of[id(p)] for p in ps) for ps in strategy.owner_params]
+    module_sizes = [sum(strategy.gatherer.numel_of[id(p)] for p in ps) for ps in strategy.schedule.owner_params]
     owners_of = {}
-    for ps in strategy.owner_params:
+    for ps in strategy.schedule.owner_params:
         for p in ps:
             owners_of[id(p)] = owners_of.get(id(p), 0) + 1
     tied = sum(n for pid, n in strategy.gatherer.numel_of.items() if owners_of.get(pid, 0) > 1)

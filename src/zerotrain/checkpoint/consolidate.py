@@ -2,9 +2,9 @@
 
 Training checkpoints hold what each rank owns, laid out for the stage that wrote them; to
 evaluate, fine-tune elsewhere or publish a model, one wants a plain state dict. The layout
-saved in model_states.pt says where every parameter sits (flat.py: one padded buffer cut
-into N contiguous shards; stage3_gather.py: every parameter cut into N chunks), so the weights can
-be put back together offline, one rank file at a time, without the model's code.
+saved in model_states.pt says where every parameter sits (zero/layout.py: "flat", one padded
+buffer cut into N contiguous shards; "chunked", every parameter cut into N chunks), so the
+weights can be put back together offline, one rank file at a time, without the model's code.
 
 Sources, best first: the fp32 masters (mixed precision: the module holds only their half
 cast), then stage 3's parameter shards, then the module state (stages 0-2 in fp32 keep whole
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..zero.layout import GroupLayout, fill_from_piece
 from .store import MANIFEST, load_file, resolve_checkpoint, verify_checkpoint
 
 
@@ -47,6 +48,16 @@ def _model_states(path: Path) -> tuple[dict, dict]:
         raise CheckpointError(f"{path}/model_states.pt: world size {states.get('world_size')} != "
                               f"{layout.get('world_size')} in its layout; the checkpoint is corrupted")
     return states, layout
+
+
+def group_layouts(path: Path, layout: dict) -> list[GroupLayout]:
+    """The saved layout of every param group, checked against the layout arithmetic."""
+    try:
+        return [GroupLayout.from_saved(g, layout["scheme"], int(layout["world_size"]), int(layout["stage"]))
+                for g in layout["groups"]]
+    except (ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path}/model_states.pt: the parameter layout is malformed ({e}); "
+                              "the checkpoint is corrupted") from None
 
 
 def _aliases(module: dict, names: list[str], layout: dict) -> dict[str, list[str]]:
@@ -78,23 +89,6 @@ def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None) -> tup
     return kind, list(pieces)
 
 
-def _fill_flat(out: dict, group: dict, piece: torch.Tensor, start: int) -> None:
-    """Copy the part of a flat buffer that covers [start, start + len(piece)) into `out`."""
-    end = start + piece.numel()
-    for name, o, n in zip(group["names"], group["offsets"], group["numels"]):
-        lo, hi = max(o, start), min(o + n, end)
-        if lo < hi:
-            out[name][lo - o : hi - o] = piece[lo - start : hi - start]
-
-
-def _fill_chunked(out: dict, group: dict, piece: torch.Tensor, rank: int) -> None:
-    """Rank r holds elements [r*c, (r+1)*c) of every parameter (c = its chunk)."""
-    for name, o, c, n in zip(group["names"], group["offsets"], group["numels"], group["full_numels"]):
-        take = min(c, n - rank * c)
-        if take > 0:
-            out[name][rank * c : rank * c + take] = piece[o : o + take]
-
-
 def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:
     """Full fp32 state dict of the model in a checkpoint. Tied parameters appear under each
     of their names as one shared tensor (names the checkpoint does not record are absent)."""
@@ -103,6 +97,7 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     states, layout = _model_states(path)
     module = states["module"]
     ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
+    layouts = group_layouts(path, layout)
     names = [n for g in groups for n in g["names"]]
     flat = {n: torch.empty(int(numel), dtype=torch.float32)
             for g in groups for n, numel in zip(g["names"], g.get("full_numels", g["numels"]))}
@@ -117,17 +112,13 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
         if source is None:
             break
         for gi, (group, piece) in enumerate(zip(groups, pieces)):
-            if layout["scheme"] == "flat":
-                expected = group["shard_numel"] * (ws if stage == 0 else 1)
-                start = 0 if stage == 0 else rank * group["shard_numel"]
-            else:
-                expected, start = group["shard_numel"], rank
+            lo, hi = layouts[gi].piece_range(rank)
+            expected = hi - lo
             if not torch.is_tensor(piece) or piece.numel() != expected:
                 raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {source}[{gi}] has "
                                       f"{piece.numel() if torch.is_tensor(piece) else type(piece).__name__} "
                                       f"elements, the layout says {expected}; the checkpoint is corrupted")
-            fill = _fill_flat if layout["scheme"] == "flat" else _fill_chunked
-            fill(flat, group, piece.reshape(-1).float(), start)
+            fill_from_piece([flat[n] for n in group["names"]], layouts[gi].spans(rank), piece.reshape(-1).float())
     if source is None:  # stages 0-2 in fp32: the module state holds the weights whole
         if layout["scheme"] == "chunked":
             raise CheckpointError(f"{path.name}: no parameter shards saved for stage 3; the checkpoint is incomplete")

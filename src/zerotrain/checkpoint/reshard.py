@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .consolidate import _fill_chunked, _fill_flat
+from ..zero.layout import GroupLayout, fill_from_piece, piece_from
+from .consolidate import group_layouts
 from .store import load_file
 
 
@@ -22,40 +23,17 @@ def _old_ranks(layout: dict) -> list[int]:
     return list(range(int(layout["world_size"]) if int(layout["stage"]) > 0 else 1))
 
 
-def _whole(layout: dict, group: dict, pieces: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def _whole(old: GroupLayout, ranks: list[int], pieces: list[torch.Tensor]) -> list[torch.Tensor]:
     """Per-parameter flat tensors of one group from the pieces every old rank saved."""
-    ws, stage = int(layout["world_size"]), int(layout["stage"])
-    numels = group.get("full_numels", group["numels"])
-    out = {n: torch.zeros(int(k), dtype=pieces[0].dtype) for n, k in zip(group["names"], numels)}
-    for rank, piece in zip(_old_ranks(layout), pieces):
-        piece = piece.reshape(-1)
-        if layout["scheme"] == "flat":
-            _fill_flat(out, group, piece, 0 if stage == 0 else rank * group["shard_numel"])
-        else:
-            _fill_chunked(out, group, piece, rank)
-    return out
+    whole = [torch.zeros(n, dtype=pieces[0].dtype) for n in old.full_numels]
+    for rank, piece in zip(ranks, pieces):
+        fill_from_piece(whole, old.spans(rank), piece.reshape(-1))
+    return whole
 
 
-def _cut(layout: dict, group: dict, whole: dict[str, torch.Tensor], rank: int, numel: int) -> torch.Tensor:
-    """This rank's piece of one group in the new layout (numel: the piece's length)."""
-    piece = torch.zeros(numel, dtype=next(iter(whole.values())).dtype)
-    if layout["scheme"] == "flat":
-        start = 0 if int(layout["stage"]) == 0 else rank * group["shard_numel"]
-        for name, o, n in zip(group["names"], group["offsets"], group["numels"]):
-            lo, hi = max(o, start), min(o + n, start + numel)
-            if lo < hi:
-                piece[lo - start : hi - start] = whole[name][lo - o : hi - o]
-    else:
-        for name, o, c, n in zip(group["names"], group["offsets"], group["numels"], group["full_numels"]):
-            take = min(c, n - rank * c)
-            if take > 0:
-                piece[o : o + take] = whole[name][rank * c : rank * c + take]
-    return piece
-
-
-def _piece_numel(layout: dict, group: dict) -> int:
-    flat_stage0 = layout["scheme"] == "flat" and int(layout["stage"]) == 0
-    return group["shard_numel"] * (int(layout["world_size"]) if flat_stage0 else 1)
+def _piece_numel(layout: GroupLayout, rank: int) -> int:
+    lo, hi = layout.piece_range(rank)
+    return hi - lo
 
 
 def reshard_rank_state(path: Path, old: dict, new: dict, rank: int) -> dict:
@@ -69,15 +47,18 @@ def reshard_rank_state(path: Path, old: dict, new: dict, rank: int) -> dict:
     if [g["names"] for g in old["groups"]] != [g["names"] for g in new["groups"]]:
         raise CheckpointError(f"{path}: its parameter groups differ from this model's; a checkpoint "
                               "can change world size, not the model or its param groups")
-    old_sizes = [_piece_numel(old, g) for g in old["groups"]]
-    new_sizes = [_piece_numel(new, g) for g in new["groups"]]
+    old_layouts, new_layouts = group_layouts(path, old), group_layouts(path, new)
+    old_sizes = [_piece_numel(g, 0) for g in old_layouts]
+    new_sizes = [_piece_numel(g, rank) for g in new_layouts]
+    ranks = _old_ranks(old)
 
     def convert(gi: int, pieces: list) -> torch.Tensor:
         if not all(torch.is_tensor(p) and p.numel() == old_sizes[gi] for p in pieces):
             raise CheckpointError(f"{path}: a per-rank state of group {gi} does not have the "
                                   f"{old_sizes[gi]} elements its layout says; the checkpoint is corrupted")
-        whole = _whole(old, old["groups"][gi], pieces)
-        return _cut(new, new["groups"][gi], whole, rank, new_sizes[gi])
+        whole = _whole(old_layouts[gi], ranks, pieces)
+        piece = torch.zeros(new_sizes[gi], dtype=whole[0].dtype)
+        return piece_from(whole, new_layouts[gi].spans(rank), piece)
 
     strategy = {key: [convert(gi, [f["strategy"][key][gi] for f in files]) for gi in range(len(old_sizes))]
                 for key in files[0]["strategy"]}

@@ -55,7 +55,7 @@ def _optim_file(rank: int) -> str:
 def _sharded_names(engine) -> set[str]:
     """State-dict keys of parameters that live only as per-rank shards (ZeRO-3); those are
     saved with the strategy state instead of the module state."""
-    ids = engine.strategy.sharded_param_ids() if hasattr(engine.strategy, "sharded_param_ids") else set()
+    ids = engine.strategy.sharded_param_ids()
     return {name for name, p in engine.module.named_parameters(remove_duplicate=False) if id(p) in ids}
 
 
@@ -90,7 +90,7 @@ def _load_module(engine, state: dict, strict: bool) -> None:
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm = engine.comm
-    shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
+    shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
     with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
                           save_latest=save_latest) as writer:
@@ -104,7 +104,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
                 "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
                 "features": {f.name: f.state_dict() for f in engine.features},
-                "zero_stage": getattr(engine.strategy, "stage", 0),
+                "zero_stage": engine.strategy.stage,
                 "layout": dict(engine.strategy.layout(_param_names(engine.module)), aliases=_aliases(engine.module)),
                 "world_size": comm.world_size,
                 "client_state": client_state,
@@ -145,7 +145,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
     comm = engine.comm
-    stage = getattr(engine.strategy, "stage", 0)
+    stage = engine.strategy.stage
     model_states = load_file(path, "model_states.pt")
     with _applying(path, "model_states.pt"):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
@@ -154,11 +154,11 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
         _load_module(engine, model_states["module"], strict)
-    name = _optim_file(comm.rank if stage > 0 else 0)
+    name = _optim_file(comm.rank if engine.strategy.shards_optimizer else 0)
     if saved_world != comm.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))
         with _applying(path, "model_states.pt"):
-            if engine.strategy.offload.kind == "nvme":
+            if not engine.strategy.can_reshard:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
                                       f"offload it loads only into {saved_world} ranks")
             rank_state = reshard_rank_state(path, model_states["layout"], layout, comm.rank)

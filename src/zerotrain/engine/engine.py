@@ -5,8 +5,8 @@
     engine.step()                 at the accumulation boundary: norm, overflow check, clip,
                                   optimizer step, LR schedule, counters
 
-What is sharded and how gradients travel is the strategy's business (zerotrain.zero); the
-engine only sequences it. Features (curriculum, layer drop, ...) attach through the events of
+What is sharded and how gradients travel is the strategy's business (zero/strategy.py holds
+the contract every stage meets); the engine only sequences it. Features attach through the events of
 hooks.py, so this file never names one.
 """
 
@@ -111,17 +111,8 @@ class Engine(torch.nn.Module):
         return None
 
     def should_stop(self) -> bool:
-        """True once any feature says training is done (e.g. token_budget.train_tokens)."""
+        """True once any feature says training is done (a budget is spent, say)."""
         return any(feature.should_stop(self) for feature in self.features)
-
-    def get_pld_theta(self) -> float | None:
-        return self.feature_value("pld_theta")
-
-    def set_custom_curriculum_learning_schedule(self, fn) -> None:
-        scheduler = self.feature_value("curriculum_scheduler")
-        if scheduler is None:
-            raise RuntimeError("set_custom_curriculum_learning_schedule: curriculum learning is not enabled")
-        scheduler.set_custom_get_difficulty(fn)
 
     # ---- the loop ------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -259,7 +250,7 @@ class Engine(torch.nn.Module):
         own buffer count zero) and from files for what lives on NVMe."""
         out = {c: {"device": 0, "host": 0, "nvme": 0} for c in ("params", "grads", "master_params", "optimizer_states")}
         entries = list(self.strategy.memory_tensors())
-        place = self.strategy.offload.place if hasattr(self.strategy, "offload") else "device"
+        place = self.strategy.optimizer_state_place
         if self.optimizer is not None:
             entries += [("optimizer_states", place, t) for state in self.optimizer.state.values()
                         for t in state.values() if torch.is_tensor(t) and t.numel() > 1]
@@ -285,9 +276,7 @@ class Engine(torch.nn.Module):
     def module_state_dict(self) -> dict:
         """The full module state dict, whole parameters at every ZeRO stage (a collective under
         stage 3: every rank must call it)."""
-        if hasattr(self.strategy, "full_state_dict"):
-            return self.strategy.full_state_dict(self.module)
-        return self.module.state_dict()
+        return self.strategy.full_state_dict(self.module)
 
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True):

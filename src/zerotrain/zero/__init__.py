@@ -1,5 +1,7 @@
-"""ZeRO: flat partitioned buffers (flat.py), gradient buckets (buckets.py) and one strategy
-per stage over them. `build_strategy` picks the stage named in the config."""
+"""ZeRO: one strategy per stage (stage0.py .. stage3.py), each a `ZeroStrategy` (strategy.py,
+the contract the engine relies on), over the sharding arithmetic of layout.py, the flat
+buffers of flat.py and the gradient buckets of buckets.py. `build_strategy` picks the stage
+named in the config."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import torch
 
 from ..comm import Comm
 from ..errors import ConfigError
-from .stage0 import DEFAULT_BUCKET_NUMEL, DataParallel
+from .stage0 import DataParallel
 from .stage1 import ShardedOptimizer
 from .stage2 import ShardedGradients
 from .gathered_parameters import GatheredParameters
 from .partitioned_init import Init, is_partitioned
 from .stage3 import ShardedParameters
+from .strategy import DEFAULT_BUCKET_NUMEL, ZeroStrategy
 
 # Stages 2-3 copy gradients into staging buffers (up to three buckets alive: two in flight, one
 # filling), so their buckets cost memory that stage 0-1 buckets (views of a gradient buffer
@@ -26,7 +29,7 @@ STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: Shar
 def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
                    comm: Comm, compute_dtype: torch.dtype, device, *, bucket_numel: int | None = None,
                    prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
-                   overlap_comm: bool = True, explicit: set[str] = frozenset()):
+                   overlap_comm: bool = True, explicit: set[str] = frozenset()) -> ZeroStrategy:
     """`zero` is the validated zero_optimization block; `explicit` the keys the user wrote."""
     if zero.stage not in STRATEGIES:
         raise ConfigError(f"zero_optimization.stage: stage {zero.stage} is not available "

@@ -55,11 +55,11 @@ def plan_buckets(groups: list[FlatGroup], bucket_numel: int, backward_pos: dict[
                 cuts.add(offset + numel)
                 start = offset + numel
         if split_at_shards:
-            cuts.update(range(group.shard_numel, group.padded_numel, group.shard_numel))
+            cuts.update(group.shard_edges())
         edges = sorted(c for c in cuts if 0 < c < group.padded_numel) + [group.padded_numel]
         lo = 0
         for hi in edges:
-            owner = lo // group.shard_numel if split_at_shards else -1
+            owner = group.owner_of(lo) if split_at_shards else -1
             bucket = Bucket(gi, lo, hi, owner)
             for i, (offset, numel, p) in enumerate(zip(group.offsets, group.numels, group.params)):
                 if offset < hi and offset + numel > lo and numel:

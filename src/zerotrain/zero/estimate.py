@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .flat import ALIGN
+from .layout import chunked_shard_numel, flat_padded_numel, ceil_div
 
 CATEGORIES = ("params", "grads", "master_params", "optimizer_states")
 PLACES = ("device", "host", "nvme")
@@ -22,19 +22,6 @@ OPTIMIZER_BYTES = {"sgd": 0, "momentum": 4, "adagrad": 4, "rmsprop": 4, "lion": 
                    "adam": 8, "adamw": 8, "lamb": 8}
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 OFFLOAD_PLACES = {"none": "device", "cpu": "host", "nvme": "nvme"}
-
-
-def _flat_padded(num_params: int, world_size: int) -> int:
-    """Stages 0-2: one flat buffer padded to a multiple of world_size * ALIGN (flat.py)."""
-    unit = world_size * ALIGN
-    return max(unit, -(-num_params // unit) * unit)
-
-
-def _chunked_shard(num_params: int, world_size: int) -> int:
-    """Stage 3: 1/N of the model rounded to ALIGN (stage3_gather.py). Each tensor is also rounded up
-    to a multiple of N, fewer than N elements per tensor, which is left out here."""
-    per_rank = -(-num_params // world_size)
-    return max(ALIGN, -(-per_rank // ALIGN) * ALIGN)
 
 
 def _check(name: str, value: str, allowed) -> str:
@@ -76,9 +63,9 @@ def estimate_memory(num_params: int, world_size: int, stage: int, *, dtype: str 
     P, N = int(num_params), int(world_size)
 
     if stage == 3:
-        full = shard = _chunked_shard(P, N)
+        full = shard = chunked_shard_numel(ceil_div(P, N))  # a few elements per tensor are left out
     else:
-        full = _flat_padded(P, N)
+        full = flat_padded_numel(P, N)
         shard = full if stage == 0 else full // N
     out = {c: dict.fromkeys(PLACES, 0) for c in CATEGORIES}
     # model parameters in compute dtype: whole at stages 0-2, this rank's chunks at stage 3

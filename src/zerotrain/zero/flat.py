@@ -7,8 +7,8 @@ together and a gradient bucket is a plain slice:
     buffer  |  p_n  | p_n-1 |  ...  |  p_1  | p_0 |pad|
     shards  |    rank 0     |    rank 1     |  rank 2   |   (each `shard_numel` long)
 
-The buffer is padded to a multiple of `world_size * ALIGN` elements so that every rank's
-shard has the same length and starts on an aligned offset. Model parameters become views
+The buffer is padded (layout.py, scheme "flat") so that every rank's shard has the same
+length and starts on an aligned offset. Model parameters become views
 into the buffer (`p.data = buffer[o:o+n].view(shape)`), which is what lets one collective or
 one optimizer kernel touch every parameter of the group at once.
 """
@@ -17,26 +17,16 @@ from __future__ import annotations
 
 import torch
 
-ALIGN = 16  # elements; keeps shard starts 64-byte aligned in fp32
+from .layout import FLAT, GroupLayout
 
 
-class FlatGroup:
-    """The layout of one param group: offsets, sizes and shard boundaries."""
+class FlatGroup(GroupLayout):
+    """One param group's parameters and their flat layout (offsets, sizes, shard boundaries)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], world_size: int = 1):
+    def __init__(self, params: list[torch.nn.Parameter], world_size: int = 1, sharded: bool = True):
         self.params = list(params)
         self.shapes = [p.shape for p in self.params]
-        self.numels = [p.numel() for p in self.params]
-        self.offsets = []
-        total = 0
-        for n in self.numels:
-            self.offsets.append(total)
-            total += n
-        self.numel = total
-        unit = world_size * ALIGN
-        self.padded_numel = max(unit, -(-total // unit) * unit)
-        self.world_size = world_size
-        self.shard_numel = self.padded_numel // world_size
+        super().__init__([p.numel() for p in self.params], world_size, FLAT, sharded)
 
     def new_buffer(self, dtype: torch.dtype, device) -> torch.Tensor:
         return torch.zeros(self.padded_numel, dtype=dtype, device=device)
@@ -62,4 +52,50 @@ class FlatGroup:
         return views
 
     def shard(self, buffer: torch.Tensor, rank: int) -> torch.Tensor:
-        return buffer[rank * self.shard_numel : (rank + 1) * self.shard_numel]
+        lo, hi = self.shard_range(rank)
+        return buffer[lo:hi]
+
+
+class FlatModel:
+    """Stages 0-2: the model's parameters as views of one compute-dtype buffer per group and,
+    with `whole_grads` (stages 0-1), their gradients as views of another."""
+
+    def __init__(self, groups: list[FlatGroup], dtype: torch.dtype, device, whole_grads: bool):
+        self.groups = groups
+        self.buffers = [fg.new_buffer(dtype, device) for fg in groups]
+        for fg, buf in zip(groups, self.buffers):
+            fg.move_params_into(buf)
+        self.grad_buffers = [fg.new_buffer(dtype, device) for fg in groups] if whole_grads else []
+        self._grad_views = [fg.bind_grads(buf) for fg, buf in zip(groups, self.grad_buffers)]
+
+    def rebind_grad(self, group: int, index: int, p: torch.Tensor, buckets=None) -> None:
+        """(The reducer's on_grad at stages 0-1.) A final gradient that is not its view in the flat buffer (model.zero_grad() set .grad
+        to None and autograd made a fresh tensor): move it back so the layout stays valid."""
+        view = self._grad_views[group][index]
+        if p.grad is not view:
+            view.copy_(p.grad)
+            p.grad = view
+
+    def shards(self, buffers: list[torch.Tensor], rank: int) -> list[torch.Tensor]:
+        """Rank r's shard of each group's flat buffer."""
+        return [fg.shard(buf, rank) for fg, buf in zip(self.groups, buffers)]
+
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        return ([("params", "device", b) for b in self.buffers]
+                + [("grads", "device", g) for g in self.grad_buffers])
+
+    def publish(self, comm, masters: list[torch.Tensor] | None) -> None:
+        """Stages 1-2 after a step or a load: each rank's updated shard (copied from its fp32
+        master when the masters are separate) all-gathered in place into the whole buffer."""
+        for gi, (fg, buf) in enumerate(zip(self.groups, self.buffers)):
+            shard = fg.shard(buf, comm.rank)
+            if masters is not None:
+                shard.copy_(masters[gi].detach())
+            comm.all_gather(buf, shard)
+
+    def restore_masters(self, comm, masters: list[torch.Tensor], saved: list[torch.Tensor] | None) -> None:
+        """Stages 1-2 at load: separate masters from `saved` (or from the loaded module weights,
+        this rank's shard of them), then published."""
+        for master, shard, i in zip(masters, self.shards(self.buffers, comm.rank), range(len(masters))):
+            master.data.copy_(saved[i] if saved is not None else shard)
+        self.publish(comm, masters)

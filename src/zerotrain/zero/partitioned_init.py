@@ -15,10 +15,10 @@ duration of `fn`, and the result is cut again.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..comm import Comm, init_parallel
+from .layout import cut, glue
 
 
 def is_partitioned(p: torch.Tensor) -> bool:
@@ -39,19 +39,16 @@ class Init:
     def _cut(self, p: nn.Parameter) -> None:
         if is_partitioned(p) or p.numel() == 0:
             return
-        ws, rank = self.comm.world_size, self.comm.rank
         self.comm.broadcast(p.data, src=0)
-        chunk = -(-p.numel() // ws)
-        flat = F.pad(p.data.reshape(-1), (0, ws * chunk - p.numel()))
         p.zt_shape = p.shape
-        p.zt_chunk = flat[rank * chunk : (rank + 1) * chunk].clone()
+        p.zt_chunk = cut(p.data.reshape(-1), self.comm.world_size)[self.comm.rank].clone()
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _glue(self, p: nn.Parameter) -> None:
         ws = self.comm.world_size
         whole = torch.empty(ws * p.zt_chunk.numel(), dtype=p.zt_chunk.dtype, device=p.zt_chunk.device)
         self.comm.all_gather(whole, p.zt_chunk)
-        p.data = whole[: p.zt_shape.numel()].view(p.zt_shape)
+        p.data = glue(whole, p.zt_shape)
         del p.zt_chunk
 
     # ---- hooks -----------------------------------------------------------------------------

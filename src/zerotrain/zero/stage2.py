@@ -5,40 +5,32 @@ backward it is copied into the staging buffer of the bucket(s) it falls in and f
 bucket is reduced to its owner rank, which adds it into its fp32 gradient shard. At most two
 buckets are in flight (double buffering) when overlap_comm is on, one when it is off, so the
 gradient memory per rank is the shard plus a couple of buckets. Because gradients are not
-kept, the reduction runs at every micro step, also inside gradient accumulation.
+kept, the reduction runs at every micro step, also inside gradient accumulation. Parameters,
+masters and the all-gather after the step are stage 1's (flat.FlatModel.publish).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .buckets import Bucket
-from .stage0 import attach_and_scale
-from .stage1 import ShardedOptimizer
+from .buckets import Bucket, BucketedReducer, plan_buckets
+from .flat import FlatGroup, FlatModel
+from .strategy import ZeroStrategy
 
 
-class ShardedGradients(ShardedOptimizer):
+class ShardedGradients(ZeroStrategy):
     stage = 2
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.reducer.max_in_flight = 2 if self.overlap_comm else 1
+    def __init__(self, param_groups, registration, comm, compute_dtype, device, **kwargs):
+        super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
+        self.groups = [FlatGroup(ps, comm.world_size) for ps in self.ordered]
+        self.flat = FlatModel(self.groups, compute_dtype, device, whole_grads=False)
+        self._make_masters(self.flat.shards(self.flat.buffers, comm.rank))
+        buckets = plan_buckets(self.groups, self.bucket_numel, self.backward_pos, split_at_shards=True)
+        self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
+                                       max_in_flight=2 if self.overlap_comm else 1)
 
-    def _make_grad_buffers(self, device) -> list[torch.Tensor]:
-        return []  # gradients live in bucket staging buffers only while they travel
-
-    def _make_masters(self) -> list[torch.nn.Parameter]:
-        masters = []
-        for gi, model_buf in enumerate(self.model_buffers):
-            shard = self._shard(model_buf, gi)
-            if self.separate_masters:
-                master = self.offload.new_master(shard)
-            else:
-                master = torch.nn.Parameter(shard)
-                master.grad = torch.zeros_like(shard)
-            masters.append(master)
-        return masters
-
+    # ---- backward ------------------------------------------------------------------------
     def begin_backward(self, boundary: bool) -> None:
         self.reducer.arm()  # every micro step: there is nowhere to accumulate whole gradients
 
@@ -57,22 +49,32 @@ class ShardedGradients(ShardedOptimizer):
     def _launch(self, bucket: Bucket):
         if bucket.data is None:  # only padding or unused parameters
             bucket.data = torch.zeros(bucket.end - bucket.start, dtype=self.compute_dtype,
-                                      device=self.model_buffers[bucket.group].device)
+                                      device=self.flat.buffers[bucket.group].device)
         self.averaging.scale_before_sum(bucket.data)
         return self.comm.reduce(bucket.data, dst=bucket.owner, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
         if bucket.owner != self.comm.rank:
             return
-        first = self.comm.rank * self.groups[bucket.group].shard_numel
+        first, _ = self.groups[bucket.group].shard_range(self.comm.rank)
         acc = self.master_grads[bucket.group][bucket.start - first : bucket.end - first]
         self.averaging.add_sum_into(acc, bucket.data)
 
-    def _step_grads(self) -> list[torch.Tensor]:
+    # ---- step ----------------------------------------------------------------------------
+    def reduced_grads(self) -> list[torch.Tensor]:
         return self.master_grads
 
-    def prepare_step(self, coef: float) -> None:
-        attach_and_scale(self.masters, self.master_grads, coef)
+    def after_step(self) -> None:
+        self.flat.publish(self.comm, self.masters if self.separate_masters else None)
+        self.zero_grad()
 
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.master_grads)
+
+    # ---- accounting and checkpoints --------------------------------------------------------
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        return self.flat.memory_tensors() + self.master_tensors()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.separate_masters:
+            self.flat.restore_masters(self.comm, self.masters, state.get("masters"))

@@ -16,39 +16,29 @@ from __future__ import annotations
 
 import torch
 
-from .flat import ALIGN
+from .layout import CHUNKED, GroupLayout, cut, glue
 from .partitioned_init import full_shape, is_partitioned
 from .pages import whole_buffers
 
 
-class ShardedGroup:
-    """Layout of one param group in shard space; duck-types FlatGroup for the reducer."""
+class ShardedGroup(GroupLayout):
+    """One param group's parameters and their chunked layout (layout.py); the reducer reads
+    it like a FlatGroup, in shard space."""
 
     def __init__(self, params: list[torch.nn.Parameter], world_size: int):
         self.params = list(params)
-        self.world_size = world_size
         self.shapes = [full_shape(p) for p in self.params]
-        self.full_numels = [s.numel() for s in self.shapes]
-        self.numels = [-(-n // world_size) for n in self.full_numels]  # chunk per rank
-        self.offsets = []
-        total = 0
-        for c in self.numels:
-            self.offsets.append(total)
-            total += c
-        self.padded_numel = self.shard_numel = max(ALIGN, -(-total // ALIGN) * ALIGN)
+        super().__init__([s.numel() for s in self.shapes], world_size, CHUNKED)
 
     def build_shard(self, rank: int, dtype: torch.dtype, device) -> torch.Tensor:
         """This rank's chunks of the (still whole) parameters."""
         shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
-        ws = self.world_size
-        for p, o, c, n in zip(self.params, self.offsets, self.numels, self.full_numels):
+        for p, o, c in zip(self.params, self.offsets, self.numels):
             if is_partitioned(p):  # built under zero.Init: this rank's chunk already exists
                 shard[o : o + c] = p.zt_chunk
                 del p.zt_chunk
                 continue
-            flat = torch.zeros(ws * c, dtype=dtype, device=device)
-            flat[:n] = p.detach().reshape(-1)
-            shard[o : o + c] = flat[rank * c : (rank + 1) * c]
+            shard[o : o + c] = cut(p.detach().reshape(-1), self.world_size)[rank]
         return shard
 
     def runs(self, indices: list[int]) -> list[tuple[int, int, list[int]]]:
@@ -149,7 +139,7 @@ class Gatherer:
             for buffer, slot, i in zip(buffers, slots, run):
                 if not direct:
                     self.memory.acquire(slot)
-                group.params[i].data = buffer[: group.full_numels[i]].view(group.shapes[i])
+                group.params[i].data = glue(buffer, group.shapes[i])
             if not direct:
                 torch.split_with_sizes_copy(gathered.view(ws, -1), sizes, dim=1,
                                             out=[b.view(ws, c) for b, c in zip(buffers, sizes)])

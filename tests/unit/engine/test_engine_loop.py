@@ -160,7 +160,7 @@ def test_user_zero_grad_between_steps(ga):
     # after the next backward the gradients live in the flat buffer again
     x, y = micro_batch(99)
     engine.backward(mse(engine, x, y))
-    buffer = engine.strategy.grad_buffers[0]
+    buffer = engine.strategy.flat.grad_buffers[0]
     lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
     for p in model.parameters():
         assert lo <= p.grad.data_ptr() < hi

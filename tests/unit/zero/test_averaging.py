@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotrain.zero.stage0 import Averaging, plan_averaging
+from zerotrain.zero.averaging import Averaging, plan_averaging
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,192 @@
+"""What a ZeRO stage must do: the contract the engine, its checkpoints and the tools rely on.
+
+A stage decides what is sharded, how gradients travel and where the fp32 masters live. The
+engine only sequences it, once per micro-batch and once per optimizer step:
+
+    engine(batch)          begin_forward()
+    engine.backward(loss)  begin_backward(boundary) -> autograd (buckets reduce) -> end_backward()
+    engine.step()          grad_norm(scale) -> prepare_step(coef) -> optimizer.step() -> after_step()
+                           (or zero_grad() when the step is skipped)
+
+`ZeroStrategy` is both the contract (every member below, with what it promises) and the
+home of what the stages share: the param groups in layout order, the fp32 masters, the
+gradient averaging plan, the optimizer offload placement, the global norm. Each stage
+(stage0.py .. stage3.py) subclasses it directly and fills in the abstract members.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from ..comm import Comm
+from .averaging import Averaging, attach_and_scale, plan_averaging
+from .offload_placement import OptimizerOffload
+
+# DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
+# overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
+DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
+
+
+class ZeroStrategy(ABC):
+    """One ZeRO stage over the model's trainable parameters."""
+
+    #: the ZeRO stage number, as the config and checkpoints name it
+    stage: ClassVar[int]
+    #: True when each rank steps only its shard of the masters (so each rank saves its own
+    #: optimizer file and the gradient norm is summed across ranks)
+    shards_optimizer: ClassVar[bool] = True
+
+    def __init__(self, param_groups: list[dict], registration: dict[int, int], comm: Comm,
+                 compute_dtype: torch.dtype, device, *, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+                 prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
+                 overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22):
+        self.comm = comm
+        self.compute_dtype = compute_dtype
+        self.device = torch.device(device)
+        self.mixed = compute_dtype != torch.float32
+        self.bucket_numel = bucket_numel
+        self.overlap_comm = overlap_comm
+        #: where masters and optimizer state live (device, host, nvme)
+        self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel)
+        #: where the division by the world size happens (averaging.py)
+        self.averaging: Averaging = plan_averaging(comm.world_size, prescale_gradients,
+                                                   float(gradient_predivide_factor), compute_dtype)
+        # fp32 masters are separate tensors when the model computes in half precision or when
+        # they live on another device (offloaded from a GPU); otherwise the step writes the
+        # model's own buffer (or shard)
+        self.separate_masters = self.mixed or self.offload.master_device != self.device
+        #: each group's parameters in layout order: reverse registration, so the ones whose
+        #: gradients arrive first in backward sit together and a bucket is a plain slice
+        self.ordered = [sorted(g["params"], key=lambda p: -registration[id(p)]) for g in param_groups]
+        self.hyper = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
+        self.backward_pos = {id(p): -registration[id(p)] for ps in self.ordered for p in ps}
+        #: the layout of each group (flat.FlatGroup or stage3_gather.ShardedGroup), set by the stage
+        self.groups: list = []
+        self.masters: list[torch.nn.Parameter] = []
+        self.master_grads: list[torch.Tensor] = []
+
+    # ---- shared construction --------------------------------------------------------------
+    def _make_masters(self, tensors: list[torch.Tensor], grads: list[torch.Tensor] | None = None) -> None:
+        """One fp32 master per group over `tensors` (whole buffers or this rank's shards): a
+        copy where the offload placement says, with an fp32 gradient of its own; else the
+        tensor itself, whose gradient is `grads[i]` (a view of a gradient buffer) or fresh
+        zeros. master_grads are kept apart from .grad, which a user's zero_grad() may drop."""
+        for i, tensor in enumerate(tensors):
+            if self.separate_masters:
+                master = self.offload.new_master(tensor)
+            else:
+                master = torch.nn.Parameter(tensor)
+                master.grad = grads[i] if grads is not None else torch.zeros_like(tensor)
+            self.masters.append(master)
+        self.master_grads = [m.grad for m in self.masters]
+
+    # ---- optimizer -------------------------------------------------------------------------
+    def optimizer_groups(self) -> list[dict]:
+        """The param groups the optimizer steps: each group's hyperparameters over its master."""
+        return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
+
+    def build_optimizer(self, build):
+        """`build(param_groups) -> torch optimizer` over the masters; offload may wrap it (state on NVMe)."""
+        return self.offload.build_optimizer(build, self.optimizer_groups())
+
+    # ---- forward / backward ----------------------------------------------------------------
+    def begin_forward(self) -> None:
+        """Before each forward (stage 3 starts its gather trace); nothing at stages 0-2."""
+
+    def begin_backward(self, boundary: bool) -> None:
+        """Before each backward; `boundary` says it ends an accumulation window. Stages that
+        keep whole gradients reduce only then (and not at all alone); 2-3 override."""
+        if boundary and not self.comm.alone:
+            self.reducer.arm()
+
+    def end_backward(self) -> None:
+        """After each backward: every gradient bucket launched and landed."""
+        self.reducer.finish()
+
+    # ---- step ------------------------------------------------------------------------------
+    @abstractmethod
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """The averaged gradients this rank's optimizer step reads, still loss-scaled."""
+
+    def grad_norm(self, loss_scale: float = 1.0) -> float:
+        """Global L2 norm of the averaged, unscaled gradients; inf/nan on any rank's overflow
+        reaches every rank (the same decision everywhere)."""
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.reduced_grads()])
+        if not self.shards_optimizer:
+            return float(torch.linalg.vector_norm(norms)) / loss_scale
+        squares = (norms.double() ** 2).sum().reshape(1)
+        self.comm.all_reduce(squares)
+        return math.sqrt(squares.item()) / loss_scale
+
+    def prepare_step(self, coef: float) -> None:
+        """Bring the reduced gradients into the masters' grads, multiplied by coef (unscale x clip)."""
+        reduced = self.reduced_grads()
+        if self.separate_masters and reduced is not self.master_grads:
+            torch._foreach_copy_(self.master_grads, reduced)
+        attach_and_scale(self.masters, self.master_grads, coef)
+
+    @abstractmethod
+    def after_step(self) -> None:
+        """After optimizer.step(): the model sees the updated weights; gradients are cleared."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Clear the gradients (a skipped step, or after a step)."""
+
+    # ---- accounting --------------------------------------------------------------------------
+    @abstractmethod
+    def memory_tensors(self) -> list[tuple[str, str, torch.Tensor | int]]:
+        """(category, place, tensor) for everything this strategy holds; aliases are removed
+        by whoever sums them (engine.memory_breakdown counts each storage once). A byte count
+        may stand in for a tensor whose storage is not its own (stage 3's whole params)."""
+
+    def master_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        """The fp32 masters and their gradients, where the offload placement keeps them."""
+        place = self.offload.place
+        return [("grads", place, g) for g in self.master_grads] + [("master_params", place, m) for m in self.masters]
+
+    @property
+    def optimizer_state_place(self) -> str:
+        """Where the optimizer's resident state tensors live: "device" or "host"."""
+        return self.offload.place
+
+    def nvme_bytes(self) -> dict[str, int]:
+        """Bytes per category that live in NVMe swap files."""
+        return self.offload.nvme_bytes()
+
+    # ---- whole access and checkpoints --------------------------------------------------------
+    def full_state_dict(self, module: torch.nn.Module) -> dict:
+        """The module state dict with every parameter whole (a collective where sharded)."""
+        return module.state_dict()
+
+    def sharded_param_ids(self) -> set[int]:
+        """Parameters that exist only as per-rank shards (saved with the strategy state)."""
+        return set()
+
+    @property
+    def can_reshard(self) -> bool:
+        """Whether a checkpoint of another world size can be loaded (not with NVMe optimizer state)."""
+        return self.offload.kind != "nvme"
+
+    def layout(self, names: dict[int, str]) -> dict:
+        """Where each parameter sits in the saved pieces (zero/layout.py), so `zerotrain
+        consolidate` and resharding can put whole weights back together from any stage."""
+        return {"scheme": self.groups[0].scheme, "stage": self.stage, "world_size": self.comm.world_size,
+                "groups": [g.describe([names[id(p)] for p in g.params], g.shapes) for g in self.groups]}
+
+    def state_dict(self) -> dict:
+        """This rank's share of what the module state dict does not hold (fp32 masters)."""
+        return {"masters": [m.detach().clone() for m in self.masters]} if self.separate_masters else {}
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Call after the module's weights were loaded; masters come from `state` if saved."""
+
+    def close(self) -> None:
+        """Remove hooks and swap files (engine.destroy)."""
+        self.reducer.remove()
+        self.offload.close()
