@@ -18,7 +18,8 @@ from .features.engine_methods import TrainingEngine
 from .optim import adapt_client_optimizer, build_optimizer
 from .precision import build_loss_scaler
 from .schedules import build_scheduler
-from .zero import build_strategy
+from .zero import build_strategy, is_partitioned
+from .zero.strategy import detach_previous_owners
 
 log = logging.getLogger("zerotrain")
 
@@ -116,12 +117,13 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     _check_same_config(comm, cfg.raw)
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
 
+    detach_previous_owners(list(model.parameters()))  # initialize called again on this model
     model.to(state.device)
     if compute_dtype != torch.float32:
         model.to(compute_dtype)
     # Every rank starts from rank 0's weights, as DDP does (before any sharding).
     for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.numel():  # zero.Init already gave every rank rank 0's chunks
+        if not is_partitioned(tensor):  # zero.Init already gave every rank rank 0's chunks
             comm.broadcast(tensor.data)
     groups, registration = _param_groups(model, model_parameters, optimizer)
     zero = cfg.zero_optimization

@@ -291,8 +291,8 @@ def build_and_train_under_init(use_init: bool) -> dict:
     if use_init:
         with zerotrain.zero.Init():
             model = tiny_gpt()
-        # nothing is whole: every parameter holds only this rank's chunk
-        chunks = {n: (p.numel(), p.zt_chunk.numel(), p.zt_shape.numel()) for n, p in model.named_parameters()}
+        # nothing is whole: every parameter holds only this rank's chunk (its shape still answers whole)
+        chunks = {n: (p.untyped_storage().nbytes(), p.zt_chunk.numel(), p.numel()) for n, p in model.named_parameters()}
         assert all(empty == 0 and chunk == -(-full // world) for empty, chunk, full in chunks.values())
     else:
         model = tiny_gpt()

@@ -86,7 +86,9 @@ def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None) -> tup
     if not isinstance(pieces, (list, tuple)) or len(pieces) != len(layout["groups"]):
         raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {kind} for {len(pieces or [])} param groups, "
                               f"layout has {len(layout['groups'])}; the checkpoint is incomplete or mismatched")
-    return kind, list(pieces)
+    shards = strategy.get("shards") or [None] * len(pieces)
+    # a group without masters (stage 3's frozen parameters) comes from its shards
+    return kind, [piece if piece is not None else shards[gi] for gi, piece in enumerate(pieces)]
 
 
 def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:

@@ -52,7 +52,9 @@ def reshard_rank_state(path: Path, old: dict, new: dict, rank: int) -> dict:
     new_sizes = [_piece_numel(g, rank) for g in new_layouts]
     ranks = _old_ranks(old)
 
-    def convert(gi: int, pieces: list) -> torch.Tensor:
+    def convert(gi: int, pieces: list) -> torch.Tensor | None:
+        if all(piece is None for piece in pieces):  # a group without this kind of state (frozen: no masters)
+            return None
         if not all(torch.is_tensor(p) and p.numel() == old_sizes[gi] for p in pieces):
             raise CheckpointError(f"{path}: a per-rank state of group {gi} does not have the "
                                   f"{old_sizes[gi]} elements its layout says; the checkpoint is corrupted")

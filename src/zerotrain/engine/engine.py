@@ -119,6 +119,7 @@ class Engine(torch.nn.Module):
         if self.module.training:
             for feature in self.features:
                 args, kwargs = feature.before_forward(self, args, kwargs)
+        self.strategy.check_attached()
         self.strategy.begin_forward()
         with self._timers("forward"):
             return self.module(*args, **kwargs)

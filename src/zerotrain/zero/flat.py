@@ -76,6 +76,15 @@ class FlatModel:
             view.copy_(p.grad)
             p.grad = view
 
+    def adopt_assigned_grads(self) -> None:
+        """Gradients user code assigned to p.grad after backward (not the flat view any more)
+        are copied into the buffer the step reads, and the view is given back."""
+        for fg, views in zip(self.groups, self._grad_views):
+            for p, view in zip(fg.params, views):
+                if p.grad is not None and p.grad is not view:
+                    view.copy_(p.grad)
+                    p.grad = view
+
     def shards(self, buffers: list[torch.Tensor], rank: int) -> list[torch.Tensor]:
         """Rank r's shard of each group's flat buffer."""
         return [fg.shard(buf, rank) for fg, buf in zip(self.groups, buffers)]

@@ -41,6 +41,9 @@ class ShardedOptimizer(ZeroStrategy):
             self.averaging.scale_after_sum(bucket.data)
 
     # ---- step ----------------------------------------------------------------------------
+    def take_assigned_grads(self) -> None:
+        self.flat.adopt_assigned_grads()
+
     def reduced_grads(self) -> list[torch.Tensor]:
         return self.flat.shards(self.flat.grad_buffers, self.comm.rank)
 

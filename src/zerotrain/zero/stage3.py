@@ -9,7 +9,9 @@ forward and again before its backward, and release them after; here:
 
 Tied parameters stay whole until their last gradient arrives (autograd accumulates a leaf
 once per backward), and a module called twice simply gathers twice. The optimizer steps the
-fp32 shard, exactly as in stages 1 and 2.
+fp32 shard, exactly as in stages 1 and 2. Frozen parameters (requires_grad False: a LoRA
+base model, a frozen tower) are sharded and gathered the same way, in a last group of their
+own that has no gradient buckets and no masters.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .gathered_parameters import GatheredParameters, register_owner
 from .layout import cut
+from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
 from .param_shard_store import ParamStore
 from .stage3_gather import Gatherer, ShardedGroup
@@ -37,7 +40,14 @@ class ShardedParameters(ZeroStrategy):
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
         self.separate_masters = self.separate_masters or param_kind == "nvme"
         ws, rank = comm.world_size, comm.rank
-        self.groups = [ShardedGroup(ps, ws) for ps in self.ordered]
+        trainable = {id(p) for ps in self.ordered for p in ps}
+        frozen, seen = [], set()
+        for q in module.parameters():
+            if id(q) not in trainable and id(q) not in seen:
+                seen.add(id(q))
+                frozen.append(q)
+        self.claim(frozen)
+        self.groups = [ShardedGroup(ps, ws) for ps in self.ordered] + ([ShardedGroup(frozen, ws)] if frozen else [])
         self.where = {id(p): (gi, i) for gi, fg in enumerate(self.groups) for i, p in enumerate(fg.params)}
         folder = rank_folder(offload_param.nvme_path, rank) if param_kind == "nvme" else None
         pin = bool(getattr(offload_param, "pin_memory", False) and torch.cuda.is_available())
@@ -48,7 +58,7 @@ class ShardedParameters(ZeroStrategy):
             self.stores.append(store)
             # separate masters copy the shard; otherwise the step writes the stored shard itself
             shards.append(shard if self.separate_masters else store.tensor)
-        self._make_masters(shards)
+        self._make_masters(shards[: self.trained_groups])
         del shards
         self._grads_zero = True  # then the first reduce-scatter can write into them directly
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
@@ -58,8 +68,12 @@ class ShardedParameters(ZeroStrategy):
         register_owner(self.where_params(), self)
         self.schedule = GatherSchedule(module, self.where, self.gatherer, prefetch_numel=prefetch_numel,
                                        reuse_numel=reuse_numel, max_live_numel=max_live_numel)
-        buckets = plan_buckets(self.groups, max(1, self.bucket_numel // ws), self.backward_pos)
-        self.reducer = BucketedReducer(self.groups, buckets, self._on_grad, self._launch, self._land,
+        for fg in self.groups:
+            for q, shape in zip(fg.params, fg.shapes):
+                make_partitioned(q, self.schedule, shape)
+        trained = self.groups[: self.trained_groups]
+        buckets = plan_buckets(trained, max(1, self.bucket_numel // ws), self.backward_pos)
+        self.reducer = BucketedReducer(trained, buckets, self._on_grad, self._launch, self._land,
                                        max_in_flight=2 if self.overlap_comm else 1)
 
     def begin_forward(self) -> None:
@@ -137,7 +151,7 @@ class ShardedParameters(ZeroStrategy):
                 chunk, at = fg.numels[i], fg.offsets[i]
                 mine = cut(p.data.reshape(-1), ws)[rank]
                 self.stores[gi].write(at, mine)
-                if self.separate_masters:
+                if self.separate_masters and gi < self.trained_groups:
                     self.masters[gi].data[at : at + chunk].copy_(mine)
 
     def full_state_dict(self, module: torch.nn.Module) -> dict:
@@ -165,13 +179,29 @@ class ShardedParameters(ZeroStrategy):
         for store in self.stores:
             store.close()
 
+    def detach_model(self) -> None:
+        """Every parameter whole again in storage of its own, a plain nn.Parameter, no hooks (a
+        collective: a later initialize on the same model calls it on every rank)."""
+        self.gatherer.release_all(force=True)
+        for gi, fg in enumerate(self.groups):
+            self.gatherer.gather({gi: list(range(len(fg.params)))})
+            whole = [q.data.clone() for q in fg.params]
+            self.gatherer.release(fg.params, force=True)  # their page slots; the clones stay
+            for q, value in zip(fg.params, whole):
+                q.data = value
+                make_plain(q)
+        super().detach_model()
+
     def state_dict(self) -> dict:
-        return {"shards": [s.full() for s in self.stores], **super().state_dict()}
+        state = {"shards": [s.full() for s in self.stores], **super().state_dict()}
+        if "masters" in state:  # one entry per layout group; a frozen group has no master
+            state["masters"] += [None] * (len(self.groups) - self.trained_groups)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         for i, store in enumerate(self.stores):
             if "shards" in state:
                 store.write(0, state["shards"][i])
-            if self.separate_masters:
+            if self.separate_masters and i < self.trained_groups:
                 self.masters[i].data.copy_(state["masters"][i] if "masters" in state else store.full())
         self.gatherer.release_all(force=True)

@@ -16,7 +16,9 @@ gradient averaging plan, the optimizer offload placement, the global norm. Each 
 
 from __future__ import annotations
 
+import logging
 import math
+import weakref
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -25,6 +27,8 @@ import torch
 from ..comm import Comm
 from .averaging import Averaging, attach_and_scale, plan_averaging
 from .offload_placement import OptimizerOffload
+
+log = logging.getLogger("zerotrain")
 
 # DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
 # overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
@@ -64,6 +68,9 @@ class ZeroStrategy(ABC):
         self.ordered = [sorted(g["params"], key=lambda p: -registration[id(p)]) for g in param_groups]
         self.hyper = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
         self.backward_pos = {id(p): -registration[id(p)] for ps in self.ordered for p in ps}
+        #: groups [0, trained_groups) are stepped; stage 3 may add a frozen one after them
+        self.trained_groups = len(self.ordered)
+        self.claim([p for ps in self.ordered for p in ps])
         #: the layout of each group (flat.FlatGroup or stage3_gather.ShardedGroup), set by the stage
         self.groups: list = []
         self.masters: list[torch.nn.Parameter] = []
@@ -112,9 +119,16 @@ class ZeroStrategy(ABC):
     def reduced_grads(self) -> list[torch.Tensor]:
         """The averaged gradients this rank's optimizer step reads, still loss-scaled."""
 
+    def take_assigned_grads(self) -> None:
+        """Gradients that user code assigned to p.grad after backward (gradient surgery, custom
+        clipping): stages that keep whole gradients use them; stages 2-3, which reduced and
+        freed the gradients during backward, refuse them in one line rather than drop them."""
+        refuse_assigned_grads(self, self.groups[: self.trained_groups])
+
     def grad_norm(self, loss_scale: float = 1.0) -> float:
         """Global L2 norm of the averaged, unscaled gradients; inf/nan on any rank's overflow
-        reaches every rank (the same decision everywhere)."""
+        reaches every rank (the same decision everywhere). The first call of a step."""
+        self.take_assigned_grads()
         norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.reduced_grads()])
         if not self.shards_optimizer:
             return float(torch.linalg.vector_norm(norms)) / loss_scale
@@ -190,3 +204,53 @@ class ZeroStrategy(ABC):
         """Remove hooks and swap files (engine.destroy)."""
         self.reducer.remove()
         self.offload.close()
+
+    def detach_model(self) -> None:
+        """Give the module back for another engine: hooks removed, every parameter whole in
+        storage the new engine may take over (stage 3 gathers: every rank calls it). This
+        engine cannot train afterwards."""
+        self.close()
+        self.detached = True
+        for ps in self.ordered:
+            for p in ps:
+                if _OWNED.get(id(p)) is self:
+                    del _OWNED[id(p)]
+
+    def claim(self, params) -> None:
+        """Record that this strategy now owns `params` (an earlier engine over them is detached first)."""
+        detach_previous_owners(params, self)
+        for p in params:
+            _OWNED[id(p)] = self
+
+    def check_attached(self) -> None:
+        """Raise if a later initialize on the same model took the parameters over."""
+        if getattr(self, "detached", False):
+            raise RuntimeError("this engine was replaced by a later zerotrain.initialize on the same model; "
+                               "train with the engine that call returned")
+
+
+# id(parameter) -> the live strategy that owns it
+_OWNED: "weakref.WeakValueDictionary[int, ZeroStrategy]" = weakref.WeakValueDictionary()
+
+
+def detach_previous_owners(params, keep=None) -> None:
+    """zerotrain.initialize called again on the same model (a new engine for evaluation, say):
+    the earlier engine gives the parameters back whole (its hooks and partitioning undone)."""
+    previous = {id(s): s for p in params if (s := _OWNED.get(id(p))) is not None and s is not keep}
+    for strategy in previous.values():
+        log.warning("zerotrain.initialize: this model already belongs to an engine (ZeRO stage %d); that engine "
+                    "hands its parameters over to the new one and cannot train any more", strategy.stage)
+        strategy.detach_model()
+
+
+def refuse_assigned_grads(strategy: ZeroStrategy, groups) -> None:
+    """Stages 2-3 move each gradient into its bucket during backward and free it, so a
+    gradient that user code assigns to p.grad afterwards would be silently dropped: refuse."""
+    for fg in groups:
+        for p in fg.params:
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"ZeRO stage {strategy.stage}: a gradient was assigned to a parameter's .grad after backward "
+                    f"(shape {tuple(p.grad.shape)}); this stage has already reduced and sharded the gradients, so "
+                    "the step would ignore it. Change gradients before they are reduced (a hook: "
+                    "p.register_hook(fn)), or use ZeRO stage 0 or 1, whose step reads p.grad")
