@@ -338,18 +338,22 @@ def test_consecutive_nonfinite_steps_stop_every_rank_with_the_last_good_params(w
 def test_checkpoint_loads_into_a_different_world_size(world2, world4, tmp_path, stage):
     """Saved by 2 ranks, continued by 1 or 4 (and 1 -> 2): the same parameters as the run
     that was never interrupted (masters, Adam moments and stage-3 shards are cut again for
-    the new world)."""
+    the new world). Each resumed run must start at the saved step: it trains the 5 steps
+    left, with the global gradient norms of the uninterrupted run's steps 5-9."""
     cfg = zero_config(stage, 1)  # global batch 4: accumulation 4 on one rank, 2 on two
     full = world2.run(train, cfg, 10, 4)[0]
+
+    def continues(resumed: dict) -> None:
+        assert len(resumed["norms"]) == 5, "the resumed run did not start at the saved step"
+        assert resumed["norms"] == pytest.approx(full["norms"][5:], rel=1e-4)
+        assert_params_close(resumed["params"], full["params"])
+
     world2.run(train, cfg, 5, 4, save=(str(tmp_path / "from2"), 5))
-    alone = train(cfg, 10, 4, load=(str(tmp_path / "from2"), None))
-    assert_params_close(alone["params"], full["params"])
-    four = world4.run(train, cfg, 10, 4, load=(str(tmp_path / "from2"), None))
-    assert_params_close(four[3]["params"], full["params"])
+    continues(train(cfg, 10, 4, load=(str(tmp_path / "from2"), None)))
+    continues(world4.run(train, cfg, 10, 4, load=(str(tmp_path / "from2"), None))[3])
     train(cfg, 5, 4, save=(str(tmp_path / "from1"), 5))
-    pair = world2.run(train, cfg, 10, 4, load=(str(tmp_path / "from1"), None))
-    assert_params_close(pair[0]["params"], full["params"])
-    assert_params_close(pair[1]["params"], full["params"])
+    for rank in world2.run(train, cfg, 10, 4, load=(str(tmp_path / "from1"), None)):
+        continues(rank)
 
 
 def test_a_checkpoint_of_another_stage_is_refused(tmp_path):
