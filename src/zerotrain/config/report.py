@@ -1,0 +1,141 @@
+"""What a loaded config holds and where each value came from: the rows `zerotrain config`
+prints, and the one notice line initialize logs for keys that have no effect.
+
+    user                     the JSON set it
+    auto: ...                it said "auto" (filled by the trainer, or the default applies)
+    DeepSpeed default        absent; zerotrain uses DeepSpeed's default
+    zerotrain default: why   absent; zerotrain chose the value (and says why)
+    user, no effect: why     accepted so the JSON keeps working; nothing reads it
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .auto import TRAINER_FILLS
+from .base import ACTS, NO_EFFECT, REFUSED, Block, field_class
+from .zero import MODEL_DERIVED, ZeroConfig
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    block: Block
+    name: str
+
+    @property
+    def info(self):
+        return type(self.block).model_fields[self.name]
+
+    @property
+    def spec(self) -> dict:
+        return field_class(self.info)
+
+    @property
+    def value(self) -> Any:
+        return getattr(self.block, self.name)
+
+    @property
+    def given(self) -> bool:
+        return self.name in self.block.given
+
+
+def entries(block: Block, prefix: str = "") -> Iterator[Entry]:
+    """Every field of every block present, depth first, blocks after their own scalars."""
+    for name in type(block).model_fields:
+        entry = Entry(f"{prefix}{name}", block, name)
+        value = entry.value
+        if isinstance(value, Block):
+            yield from entries(value, f"{entry.path}.")
+        elif isinstance(value, dict) and value and all(isinstance(v, Block) for v in value.values()):
+            for key, sub in value.items():
+                yield from entries(sub, f"{entry.path}.{key}.")
+        else:
+            yield entry
+
+
+def _off_stage(entry: Entry) -> int | None:
+    stages = entry.spec.get("stages")
+    if isinstance(entry.block, ZeroConfig) and stages and entry.block.stage not in stages:
+        return entry.block.stage
+    return None
+
+
+def _accepted_without_effect(entry: Entry) -> bool:
+    if not entry.given:
+        return False
+    effect = entry.spec.get("effect")
+    if effect == NO_EFFECT:
+        return True
+    # a refused key that passed its check with a non-default value (a block switched off,
+    # data_types with fp32 accumulation): accepted, and nothing reads it
+    return effect == REFUSED and entry.value != entry.info.get_default(call_default_factory=True)
+
+
+def no_effect_keys(cfg) -> list[str]:
+    """Every key present that changes nothing here, for the notice at initialize."""
+    found = list(cfg.comment_keys)
+    for entry in entries(cfg):
+        if _accepted_without_effect(entry):
+            found.append(entry.path)
+        elif entry.given and _off_stage(entry) is not None:
+            found.append(f"{entry.path} (stage {entry.block.stage})")
+    return found
+
+
+def notice(cfg) -> str | None:
+    keys = no_effect_keys(cfg)
+    if not keys:
+        return None
+    return ("config keys accepted with no effect in zerotrain (`zerotrain config FILE` says why): "
+            + ", ".join(keys))
+
+
+def _source(cfg, entry: Entry) -> str:
+    spec = entry.spec
+    auto = cfg.auto_sources.get(entry.path)
+    if auto == "auto: filled in":
+        return f"auto: the trainer fills it from {TRAINER_FILLS.get(entry.path, 'its options')}"
+    if entry.name in entry.block.settled:
+        text = entry.block.settled[entry.name]
+    elif entry.given and auto is None:
+        if _accepted_without_effect(entry):
+            why = entry.info.description
+            if spec.get("effect") == REFUSED:  # accepted because it is off: the first clause says what is not built
+                why = why.split(";")[0]
+            return f"user, no effect: {why}"
+        text = "user"
+    elif entry.value is None and isinstance(entry.block, ZeroConfig) and entry.name in MODEL_DERIVED:
+        text = f"zerotrain default: {spec['ours']}, measured at initialize"
+    elif spec.get("ours"):
+        text = f"zerotrain default: {spec['ours']}"
+    else:
+        text = "DeepSpeed default"
+    if auto is not None:
+        text = f"auto -> {text}"
+    stage = _off_stage(entry)
+    return text + (f" (no effect at stage {stage})" if stage is not None else "")
+
+
+def rows(cfg) -> list[tuple[str, str, str]]:
+    """(key, value, source) for every value the engine uses and every key the user gave."""
+    out = [(key, "", "user, no effect: a comment") for key in cfg.comment_keys]
+    for entry in entries(cfg):
+        effect = entry.spec.get("effect")
+        if effect != ACTS and not entry.given and entry.path not in cfg.auto_sources:
+            continue
+        out.append((entry.path, _show(entry.value), _source(cfg, entry)))
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Block):
+        value = value.model_dump()
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
