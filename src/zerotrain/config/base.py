@@ -76,10 +76,12 @@ def no_effect(default: Any, why: str, **kw) -> Any:
     return _field(default, NO_EFFECT, why, {}, kw)
 
 
-def refused(default: Any, why: str, *, ok: Callable[[Any], bool] | None = None, **kw) -> Any:
+def refused(default: Any, why: str, *, ok: Callable[[Any], bool] | None = None, fix: str | None = None, **kw) -> Any:
     """A key whose default is what zerotrain does; another value (or one `ok` rejects) is an
-    error saying `why`."""
-    return _field(default, REFUSED, why, {"ok": ok} if ok is not None else {}, kw)
+    error: "<why>; remove it<fix>" (fix defaults to " or set it to <default>")."""
+    extra = {"ok": ok} if ok is not None else {}
+    extra["fix"] = fix if fix is not None else ("" if ok is not None else f" or set it to {_json(default)}")
+    return _field(default, REFUSED, why, extra, kw)
 
 
 def field_class(info) -> dict:
@@ -142,8 +144,7 @@ class Block(BaseModel):
                 value = getattr(self, name)
                 ok = spec.get("ok")
                 if not (ok(value) if ok is not None else value == info.get_default(call_default_factory=True)):
-                    raise FieldProblem(name, f"{info.description}; remove it"
-                                             + ("" if ok is not None else f" or set it to {_json(info.get_default())}"))
+                    raise FieldProblem(name, f"{info.description}; remove it{spec['fix']}")
         return self
 
     @property

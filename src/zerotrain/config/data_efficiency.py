@@ -91,8 +91,7 @@ class RandomLTDScheduleConfig(Block):
 
 
 class LayerTokenLRConfig(Block):
-    enabled: bool = refused(False, "layer-token LR schedule is not implemented (DeepSpeed raises too); set it "
-                                   "to false")
+    enabled: bool = refused(False, "layer-token LR schedule is not implemented (DeepSpeed raises too)")
     total_layer_tokens: Int | None = no_effect(None, "only read while enabled")
     warmup_type: str | None = no_effect(None, "only read while enabled")
     warmup_layer_tokens: Int | None = no_effect(None, "only read while enabled")

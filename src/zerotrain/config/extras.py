@@ -46,7 +46,7 @@ def _data_types_ok(value: Any) -> bool:
 
 _MONITOR = "monitoring backends are not built: zerotrain train writes metrics.jsonl and tensorboard/ itself"
 _IGNORED = "DeepSpeed ignores it too"
-_OFF = "; or set \"enabled\": false"
+_OFF = " or set \"enabled\": false"
 
 
 class DeepSpeedExtras(Block):
@@ -83,29 +83,29 @@ class DeepSpeedExtras(Block):
                                     "dtype; only grad_accum_dtype \"fp32\" is accepted (no effect)",
                               ok=_data_types_ok)
     # ---- refused unless off
-    amp: Any = refused(None, "apex AMP is not built; use the fp16 or bf16 block" + _OFF, ok=is_off)
+    amp: Any = refused(None, "apex AMP is not built; use the fp16 or bf16 block", ok=is_off, fix=_OFF)
     torch_autocast: Any = refused(None, "torch autocast around fp32 weights is not built; use the fp16 or bf16 "
-                                        "block" + _OFF, ok=is_off)
+                                        "block", ok=is_off, fix=_OFF)
     compile: Any = refused(None, "torch.compile of the engine (and DeepCompile) is not built; compile the model "
-                                 "yourself before initialize" + _OFF, ok=is_off)
-    pipeline: Any = refused(None, "pipeline parallelism is not built yet" + _OFF, ok=is_off)
-    tensor_parallel: Any = refused(None, "tensor parallelism is not built yet" + _OFF, ok=is_off)
-    sequence_parallel_size: Any = refused(None, "sequence parallelism is not built; set it to 1",
-                                          ok=lambda v: v in (None, 1))
+                                 "yourself before initialize", ok=is_off, fix=_OFF)
+    pipeline: Any = refused(None, "pipeline parallelism is not built yet", ok=is_off, fix=_OFF)
+    tensor_parallel: Any = refused(None, "tensor parallelism is not built yet", ok=is_off, fix=_OFF)
+    sequence_parallel_size: Any = refused(None, "sequence parallelism is not built",
+                                          ok=lambda v: v in (None, 1), fix=" or set it to 1")
     sparse_attention: Any = refused(None, "sparse attention changes the model and is not built (DeepSpeed 0.19.8 "
-                                          "removed it too)" + _OFF, ok=is_off)
+                                          "removed it too)", ok=is_off, fix=_OFF)
     compression_training: Any = refused(None, "compression training (quantization, pruning, layer reduction) "
-                                              "changes what is trained and is not built; switch every technique "
-                                              "off", ok=is_off)
+                                              "changes what is trained and is not built",
+                                        ok=is_off, fix=" or switch every technique off")
     quantize_training: Any = refused(None, "quantized training (MoQ) is not built (DeepSpeed 0.19.8 removed it "
-                                           "too)" + _OFF, ok=is_off)
+                                           "too)", ok=is_off, fix=_OFF)
     weight_quantization: Any = refused(None, "weight quantization is an inference feature and is not built",
                                        ok=is_off)
     eigenvalue: Any = refused(None, "eigenvalue-based quantization is not built (DeepSpeed 0.19.8 removed it "
-                                    "too)" + _OFF, ok=is_off)
+                                    "too)", ok=is_off, fix=_OFF)
     elasticity: Any = refused(None, "elastic batch sizes are not built (DeepSpeed 0.19.8 removed them too); set "
-                                    "the batch sizes directly" + _OFF, ok=is_off)
-    hybrid_engine: Any = refused(None, "the RLHF hybrid (generation) engine is not built" + _OFF, ok=is_off)
+                                    "the batch sizes directly", ok=is_off, fix=_OFF)
+    hybrid_engine: Any = refused(None, "the RLHF hybrid (generation) engine is not built", ok=is_off, fix=_OFF)
     graph_harvesting: Any = refused(None, "graph harvesting is not built (DeepSpeed 0.19.8 removed it too)",
                                     ok=lambda v: v in (None, False))
     sparse_gradients: Any = refused(None, "sparse gradients are not built: the engine's gradients are dense",

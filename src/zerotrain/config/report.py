@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .auto import TRAINER_FILLS
-from .base import ACTS, NO_EFFECT, REFUSED, Block, field_class
+from .base import ACTS, NO_EFFECT, REFUSED, Block, field_class, spellings
 from .zero import MODEL_DERIVED, ZeroConfig
 
 
@@ -94,11 +94,21 @@ def notice(cfg) -> str | None:
             + ", ".join(keys))
 
 
+def _auto_of(cfg, entry: Entry) -> tuple[str | None, str | None]:
+    """(how its "auto" was resolved, the JSON spelling it had), under any spelling of the key."""
+    prefix = entry.path[: len(entry.path) - len(entry.name)]
+    for spelling in spellings(entry.name, type(entry.block)):
+        found = cfg.auto_sources.get(prefix + spelling)
+        if found is not None:
+            return found, prefix + spelling
+    return None, None
+
+
 def _source(cfg, entry: Entry) -> str:
     spec = entry.spec
-    auto = cfg.auto_sources.get(entry.path)
+    auto, spelled = _auto_of(cfg, entry)
     if auto == "auto: filled in":
-        return f"auto: the trainer fills it from {TRAINER_FILLS.get(entry.path, 'its options')}"
+        return f"auto: the trainer fills it from {TRAINER_FILLS.get(spelled, 'its options')}"
     if entry.name in entry.block.settled:
         text = entry.block.settled[entry.name]
     elif entry.given and auto is None:
@@ -116,6 +126,8 @@ def _source(cfg, entry: Entry) -> str:
         text = "DeepSpeed default"
     if auto is not None:
         text = f"auto -> {text}"
+        if spelled in TRAINER_FILLS:
+            text += f"; zerotrain train and zerotrain.Trainer fill {TRAINER_FILLS[spelled]}"
     stage = _off_stage(entry)
     return text + (f" (no effect at stage {stage})" if stage is not None else "")
 
@@ -125,7 +137,15 @@ def rows(cfg) -> list[tuple[str, str, str]]:
     out = [(key, "", "user, no effect: a comment") for key in cfg.comment_keys]
     for entry in entries(cfg):
         effect = entry.spec.get("effect")
-        if effect != ACTS and not entry.given and entry.path not in cfg.auto_sources:
+        if effect != ACTS and not entry.given and _auto_of(cfg, entry)[0] is None:
+            continue
+        if entry.name == "params" and isinstance(entry.value, dict) and entry.value:
+            for key, value in entry.value.items():  # free-form keyword arguments: one row each
+                path = f"{entry.path}.{key}"
+                auto = cfg.auto_sources.get(path)
+                source = f"auto: the trainer fills it from {TRAINER_FILLS[path]}" \
+                    if auto and path in TRAINER_FILLS else "user"
+                out.append((path, _show(value), source))
             continue
         out.append((entry.path, _show(entry.value), _source(cfg, entry)))
     return out
@@ -139,3 +159,22 @@ def _show(value: Any) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def key_table(model=None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, class, why) for every key of the schema, blocks opened up: the README's
+    table, and what the test that no key is unclassified walks."""
+    from .loader import _inner_model
+    from .schema import ZeroTrainConfig
+
+    model = model or ZeroTrainConfig
+    out = []
+    for name, info in model.model_fields.items():
+        inner, via_dict = _inner_model(info.annotation)
+        path = f"{prefix}{name}"
+        if inner is not None:
+            out += key_table(inner, f"{path}.<name>." if via_dict else f"{path}.")
+            continue
+        spec = field_class(info)
+        out.append((path, spec.get("effect", "UNCLASSIFIED"), spec.get("ours") or info.description or ""))
+    return out

@@ -167,8 +167,9 @@ class ZeroConfig(Block):
                         "(DeepSpeed: 5e8)")
         block = self.sub_group_size
         if block == 0 or block > NVME_BLOCK_NUMEL:
-            why = ("0 means zerotrain's block" if block == 0 else f"{block} capped at zerotrain's largest block") \
-                if "sub_group_size" in self.given else "zerotrain default (DeepSpeed: 1e9)"
+            why = (f"user {block}: " + ("0 means zerotrain's block" if block == 0 else "capped at zerotrain's "
+                                        "largest block")) if "sub_group_size" in self.given \
+                else "zerotrain default (DeepSpeed: 1e9)"
             self.settle("sub_group_size", NVME_BLOCK_NUMEL, why)
         return self
 
