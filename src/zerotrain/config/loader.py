@@ -73,6 +73,11 @@ def load_config(
     return cfg
 
 
+def check_keys(config: dict) -> None:
+    """Raise the ConfigError load_config would raise for the first unknown key."""
+    _check_keys(_without_comments(config, "", []), ZeroTrainConfig, ())
+
+
 def _without_comments(node: Any, path: str, found: list[str]) -> Any:
     """Keys starting with "_" are comments (DeepSpeed ignores them at the top level)."""
     if isinstance(node, dict):

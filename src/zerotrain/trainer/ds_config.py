@@ -19,6 +19,7 @@ import json
 
 from ..config import autos_left, fill_auto, read_config
 from ..config.auto import unfilled_message
+from ..config.loader import check_keys
 from ..errors import ConfigError
 
 _OPTIM_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "momentum": "momentum"}
@@ -89,9 +90,11 @@ class _Filler:
 
 
 def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
-                           block_size: int) -> tuple[dict, bool]:
+                           block_size) -> tuple[dict, bool]:
     """(config for zerotrain.initialize, whether its scheduler block drives the LR). The
-    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known."""
+    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known.
+    `block_size` (int, or a callable asked only when the curriculum needs it) fills the
+    curriculum's "auto" maximum."""
     ds = read_deepspeed(args.deepspeed)
     f = _Filler(args, explicit)
     setter = lambda name: (lambda v: setattr(args, name, type(getattr(args, name))(v)))  # noqa: E731
@@ -130,8 +133,11 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
                            ("stage3_param_persistence_threshold", 10 * hidden_size),
                            ("param_persistence_threshold", 10 * hidden_size)):
             f.autos[f"zero_optimization.{key}"] = value
-    if block_size:
-        f.autos["curriculum_learning.max_difficulty"] = block_size
+    curriculum = ds.get("curriculum_learning")
+    if isinstance(curriculum, dict) and curriculum.get("max_difficulty") == "auto":
+        length = block_size() if callable(block_size) else block_size  # a callable reads the data only now
+        if length:
+            f.autos["curriculum_learning.max_difficulty"] = length
     if f.conflicts:
         raise ConfigError("the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
                           + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option")
@@ -185,6 +191,7 @@ def fill_schedule(ds: dict, warmup_steps: int, total_steps: int) -> dict:
 
 
 def check_no_auto_left(node) -> None:
+    check_keys(node)  # a misspelt key is named as one, whatever its value
     left = autos_left(node)
     if left:
         raise ConfigError(f"deepspeed: {unfilled_message(left[0])}")

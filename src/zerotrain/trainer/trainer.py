@@ -77,7 +77,7 @@ class Trainer:
         world = self.comm.world_size
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
                                                        world, self.info.hidden_size or model_hidden_size(model),
-                                                       block_size or sample_length(train_dataset))
+                                                       block_size or (lambda: sample_length(train_dataset)))
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         lengths = self._lengths(train_dataset) if args.group_by_length else None
