@@ -136,8 +136,9 @@ class Block(BaseModel):
         self = handler(data)
         if isinstance(self, Block):
             self._given = frozenset(self.model_fields_set)
-            for name in self._given:
-                info = type(self).model_fields[name]
+            for name, info in type(self).model_fields.items():  # in field order: the same error every run
+                if name not in self._given:
+                    continue
                 spec = field_class(info)
                 if spec.get("effect") != REFUSED:
                     continue

@@ -43,16 +43,19 @@ class Entry:
         return self.name in self.block.given
 
 
-def entries(block: Block, prefix: str = "") -> Iterator[Entry]:
-    """Every field of every block present, depth first, blocks after their own scalars."""
+def entries(block: Block, prefix: str = "", blocks: bool = False) -> Iterator[Entry]:
+    """Every field of every block present, depth first; with `blocks`, the fields that hold a
+    block too, before its own fields."""
     for name in type(block).model_fields:
         entry = Entry(f"{prefix}{name}", block, name)
         value = entry.value
         if isinstance(value, Block):
-            yield from entries(value, f"{entry.path}.")
+            if blocks:
+                yield entry
+            yield from entries(value, f"{entry.path}.", blocks)
         elif isinstance(value, dict) and value and all(isinstance(v, Block) for v in value.values()):
             for key, sub in value.items():
-                yield from entries(sub, f"{entry.path}.{key}.")
+                yield from entries(sub, f"{entry.path}.{key}.", blocks)
         else:
             yield entry
 
@@ -78,7 +81,7 @@ def _accepted_without_effect(entry: Entry) -> bool:
 def no_effect_keys(cfg) -> list[str]:
     """Every key present that changes nothing here, for the notice at initialize."""
     found = list(cfg.comment_keys)
-    for entry in entries(cfg):
+    for entry in entries(cfg, blocks=True):
         if _accepted_without_effect(entry):
             found.append(entry.path)
         elif entry.given and _off_stage(entry) is not None:

@@ -32,9 +32,7 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     if offload is not None and offload.device != "none" and zero.stage == 0:
         raise ConfigError("zero_optimization.offload_optimizer: offloading needs ZeRO stage 1, 2 or 3; "
                           "set \"stage\" to 1 or more, or remove offload_optimizer")
-    if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage != 3:
-        raise ConfigError("zero_optimization.offload_param: parameter offload needs ZeRO stage 3; "
-                          "set \"stage\": 3 or remove offload_param")
+    # offload_param below stage 3 is ignored, as DeepSpeed does; the notice at initialize names it
     kwargs = dict(bucket_numel=int(zero.reduce_bucket_size), prescale_gradients=prescale_gradients,
                   gradient_predivide_factor=gradient_predivide_factor, overlap_comm=bool(zero.overlap_comm),
                   offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size))
