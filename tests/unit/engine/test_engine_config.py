@@ -59,6 +59,14 @@ def test_notice_names_every_key_with_no_effect(zerotrain_log):
     engine.destroy()
 
 
+def test_offload_param_below_stage_3_is_named_not_refused(zerotrain_log):
+    cfg = config(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}})
+    engine, _, _, _ = zerotrain.initialize(model=mlp(), config=cfg)  # DeepSpeed ignores it too
+    assert any("zero_optimization.offload_param (stage 2)" in r.getMessage() for r in zerotrain_log.records)
+    assert engine.memory_breakdown()["params"]["host"] == 0
+    engine.destroy()
+
+
 @pytest.mark.parametrize("drop,batches", [(False, 4), (True, 3)])
 def test_dataloader_drop_last(drop, batches):
     data = [torch.randn(6) for _ in range(7)]
