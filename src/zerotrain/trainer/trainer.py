@@ -33,7 +33,7 @@ from ..schedules import get_scheduler, resolve_warmup_steps
 from . import checkpoints as ckpt
 from .args import TrainingArguments
 from .data import Collator, mask_tokens
-from .ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
+from .ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length
 from .forward import Batches, decay_groups, forward_keys, UnusedParameterCheck
 from .metrics import MetricsLog, eval_sums, finish, logits_of
 from .models import ModelInfo, enable_gradient_checkpointing
@@ -76,7 +76,8 @@ class Trainer:
             ckpt.resolve_resume(args.resume_from_checkpoint, self.output_dir)
         world = self.comm.world_size
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
-                                                       world, self.info.hidden_size, block_size or 0)
+                                                       world, self.info.hidden_size or model_hidden_size(model),
+                                                       block_size or (lambda: sample_length(train_dataset)))
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         lengths = self._lengths(train_dataset) if args.group_by_length else None

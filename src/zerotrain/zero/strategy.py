@@ -25,14 +25,12 @@ from typing import ClassVar
 import torch
 
 from ..comm import Comm
+from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .averaging import Averaging, attach_and_scale, plan_averaging
 from .offload_placement import OptimizerOffload
 
 log = logging.getLogger("zerotrain")
 
-# DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
-# overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
-DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 
 
 class ZeroStrategy(ABC):
