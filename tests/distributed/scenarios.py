@@ -79,6 +79,7 @@ def train(config: dict, steps: int, global_batch_size: int, poison: dict | None 
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
     params = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+    memory = engine.memory_breakdown()
     engine.destroy()
-    return {"params": params, "losses": losses, "norms": norms, "lrs": lrs,
+    return {"params": params, "losses": losses, "norms": norms, "lrs": lrs, "memory": memory,
             "skipped": engine.skipped_steps, "loss_scale": engine.loss_scale}

@@ -193,9 +193,20 @@ def offload_config(name: str, folder: str, **extra) -> dict:
 
 @pytest.mark.parametrize("name", OFFLOADS)
 def test_offload_matches_one_process(world2, reference, tmp_path, name):
+    """Same numbers as one process, with the bytes where the offload says (on a CPU-only
+    machine the parity alone would hold with offload switched off)."""
     ranks = world2.run(train, offload_config(name, str(tmp_path)), 20, 4)
     assert_params_close(ranks[0]["params"], reference["params"])
     assert not any(tmp_path.rglob("*.bin"))  # engine.destroy() removed the swap files
+    places = {"cpu": "host", "nvme": "nvme"}
+    for r in ranks:
+        memory = r["memory"]
+        for key, block in OFFLOADS[name][1].items():
+            category = "optimizer_states" if key == "offload_optimizer" else "params"
+            where = places[block["device"]]
+            assert memory[category][where] > 0, (name, category, memory[category])
+            if category == "optimizer_states":
+                assert memory[category]["device"] == 0, (name, memory[category])
 
 
 def nvme_bytes_after_a_step(folder: str) -> dict:
