@@ -91,6 +91,14 @@ def _check_same_config(comm: Comm, raw: dict) -> None:
                       f"{_first_difference(configs[0], configs[odd])}")
 
 
+def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
+    """data_types.grad_accum_dtype: fp32 by default once micro-steps accumulate; with one
+    micro-step per step there is nothing to accumulate, so no wider copy is kept."""
+    if cfg.gradient_accumulation_steps == 1:
+        return compute_dtype
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -124,7 +132,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     groups, registration = _param_groups(model, model_parameters, optimizer)
     strategy = build_strategy(cfg.zero_optimization, model, groups, registration, comm, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
-                              gradient_predivide_factor=cfg.gradient_predivide_factor)
+                              gradient_predivide_factor=cfg.gradient_predivide_factor,
+                              accumulation_dtype=_accumulation_dtype(cfg, compute_dtype))
 
     if optimizer is not None:
         torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))

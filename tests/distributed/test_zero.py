@@ -66,6 +66,24 @@ def test_half_precision_matches_one_process_and_skips_overflow(world2, stage, pr
     assert [ranks[0]["norms"][i] for i in finite] == pytest.approx([reference["norms"][i] for i in finite], rel=0.1)
 
 
+@pytest.mark.parametrize("stage", [0] + STAGES)
+@pytest.mark.parametrize("accumulate_in", ["fp32", "bf16"])
+def test_bf16_accumulation_matches_one_process_in_either_dtype(world2, stage, accumulate_in):
+    """Two micro-steps per step on each of 2 ranks (data_types.grad_accum_dtype), against one
+    process accumulating four; the fp32 accumulator shows in memory_breakdown only when asked."""
+    cfg = zero_config(stage, 1, gradient_accumulation_steps=2, bf16={"enabled": True},
+                      data_types={"grad_accum_dtype": accumulate_in})
+    ranks = world2.run(train, cfg, 8, 4)
+    reference = train(base_config(4, 1, bf16={"enabled": True}, data_types={"grad_accum_dtype": accumulate_in}), 8, 4)
+    assert_params_close(ranks[0]["params"], ranks[1]["params"], rtol=0)
+    assert_params_close(ranks[0]["params"], reference["params"], rtol=2e-2)
+    assert ranks[0]["norms"] == pytest.approx(reference["norms"], rel=0.05)
+    grads = sum(ranks[0]["memory"]["grads"].values())
+    one_micro = world2.run(train, zero_config(stage, 2, bf16={"enabled": True}), 1, 4)[0]["memory"]["grads"]
+    wider = grads > 1.5 * sum(one_micro.values())
+    assert wider == (accumulate_in == "fp32"), (grads, one_micro)
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_checkpoint_resume_gives_identical_losses(world2, tmp_path, stage):
     cfg = zero_config(stage, 2, bf16={"enabled": True},
@@ -221,7 +239,7 @@ def nvme_bytes_after_a_step(folder: str) -> dict:
     mine = __import__("pathlib").Path(folder).glob(f"zerotrain-rank{rank}-*/*.bin")
     on_disk = sum(f.stat().st_size for f in mine)
     return {"breakdown": engine.memory_breakdown(), "on_disk": on_disk,
-            "shard_numel": sum(m.numel() for m in engine.strategy.masters)}
+            "shard_numel": sum(g.numel for g in engine.strategy.stepper.groups)}
 
 
 def test_nvme_offload_puts_optimizer_state_and_params_in_files(world2, tmp_path):
@@ -230,8 +248,9 @@ def test_nvme_offload_puts_optimizer_state_and_params_in_files(world2, tmp_path)
         assert mb["optimizer_states"]["nvme"] == 8 * n  # AdamW's two fp32 moments
         assert mb["params"]["nvme"] == 4 * n  # the fp32 parameter shard
         assert mb["optimizer_states"]["device"] == mb["optimizer_states"]["host"] == 0
-        assert mb["master_params"]["host"] == 4 * n
-        assert r["on_disk"] == 12 * n  # this rank's files: moments and parameter shard
+        assert mb["master_params"]["nvme"] == 4 * n  # ZeRO-Infinity: the fp32 masters are in files too
+        assert mb["master_params"]["host"] == mb["master_params"]["device"] == 0
+        assert r["on_disk"] == 16 * n  # this rank's files: moments, masters and parameter shard
 
 
 @pytest.mark.parametrize("name", ["stage2-nvme", "stage3-nvme-nvme"])

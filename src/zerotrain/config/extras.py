@@ -36,14 +36,6 @@ def _switches(node: Any):
                 yield from _switches(v)
 
 
-def _data_types_ok(value: Any) -> bool:
-    if value is None:
-        return True
-    return isinstance(value, dict) and all(
-        v is None or (k == "grad_accum_dtype" and v == "fp32") or (k == "keep_in_fp32_modules" and v == "auto")
-        for k, v in value.items())
-
-
 _MONITOR = "monitoring backends are not built: zerotrain train writes metrics.jsonl and tensorboard/ itself"
 _IGNORED = "DeepSpeed ignores it too"
 _OFF = " or set \"enabled\": false"
@@ -78,10 +70,6 @@ class DeepSpeedExtras(Block):
     seq_parallel_communication_data_type: Any = no_effect(None, "there is no sequence parallelism")
     use_data_before_expert_parallelism: Any = no_effect(None, "there are no expert (MoE) layers")
     expert_parallel: Any = no_effect(None, "there are no expert (MoE) layers")
-    data_types: Any = refused(None, "zerotrain accumulates gradients in fp32 masters at stages 2-3 and in the "
-                                    "training dtype at 0-1, and keeps parameters and buffers in the training "
-                                    "dtype; only grad_accum_dtype \"fp32\" is accepted (no effect)",
-                              ok=_data_types_ok)
     # ---- refused unless off
     amp: Any = refused(None, "apex AMP is not built; use the fp16 or bf16 block", ok=is_off, fix=_OFF)
     torch_autocast: Any = refused(None, "torch autocast around fp32 weights is not built; use the fp16 or bf16 "

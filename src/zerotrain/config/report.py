@@ -73,8 +73,8 @@ def _accepted_without_effect(entry: Entry) -> bool:
     effect = entry.spec.get("effect")
     if effect == NO_EFFECT:
         return True
-    # a refused key that passed its check with a non-default value (a block switched off,
-    # data_types with fp32 accumulation): accepted, and nothing reads it
+    # a refused key that passed its check with a non-default value (a block switched off):
+    # accepted, and nothing reads it
     return effect == REFUSED and entry.value != entry.info.get_default(call_default_factory=True)
 
 

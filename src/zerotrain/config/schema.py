@@ -118,6 +118,14 @@ class PLDConfig(Block):
     gamma: Float = acts(0.001, "How fast the keep probability decays towards theta.", ge=0.0)
 
 
+class DataTypesConfig(Block):
+    grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = acts(
+        None, "With gradient_accumulation_steps > 1 and fp16/bf16 training, the dtype gradients accumulate "
+              "in across micro-steps: fp32 (the default) or the training dtype (less memory).")
+    keep_in_fp32_modules: Any = refused(None, "every parameter trains in the fp16/bf16 dtype of the run",
+                                        ok=lambda v: v in (None, "auto", []))
+
+
 # --------------------------------------------------------------------------- token budget
 
 
@@ -170,6 +178,7 @@ class ZeroTrainConfig(DeepSpeedExtras):
     curriculum_learning: CurriculumConfig | None = acts(None, "Legacy sequence-length curriculum.")
     progressive_layer_drop: PLDConfig | None = acts(None, "Progressive layer drop.")
     data_efficiency: DataEfficiencyConfig | None = acts(None, "Data sampling and routing.")
+    data_types: DataTypesConfig = acts(None, "Gradient accumulation dtype.", default_factory=DataTypesConfig)
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")

@@ -22,7 +22,8 @@ STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: Shar
 
 def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
                    comm: Comm, compute_dtype: torch.dtype, device, *, prescale_gradients: bool = False,
-                   gradient_predivide_factor: float = 1.0) -> ZeroStrategy:
+                   gradient_predivide_factor: float = 1.0,
+                   accumulation_dtype: torch.dtype | None = None) -> ZeroStrategy:
     """`zero` is the validated zero_optimization block, every value in it the one in force
     (config/zero.py resolves the defaults); stage 3 writes back the two it derives from the model."""
     if zero.stage not in STRATEGIES:
@@ -38,7 +39,8 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     # offload_param below stage 3 is ignored, as DeepSpeed does; the notice at initialize names it
     kwargs = dict(bucket_numel=int(zero.reduce_bucket_size), prescale_gradients=prescale_gradients,
                   gradient_predivide_factor=gradient_predivide_factor, overlap_comm=bool(zero.overlap_comm),
-                  offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size))
+                  offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size),
+                  accumulation_dtype=accumulation_dtype)
     if zero.stage == 3:
         kwargs.update(module=module, offload_param=zero.offload_param, persistence_threshold=int(zero.param_persistence_threshold),
                       # None: zerotrain's default, sized by the strategy from the model

@@ -33,17 +33,22 @@ def _check(name: str, value: str, allowed) -> str:
 
 def estimate_memory(num_params: int, world_size: int, stage: int, *, dtype: str = "bf16",
                     optimizer: str = "adamw", offload_optimizer: str = "none", offload_param: str = "none",
-                    largest_layer_params: int = 0, compute_on_host: bool = False) -> dict[str, dict[str, int]]:
+                    largest_layer_params: int = 0, compute_on_host: bool = False,
+                    accumulation: str = "compute") -> dict[str, dict[str, int]]:
     """Bytes of model states one rank holds at rest after a step, {category: {place: bytes}},
     the same shape and categories as `engine.memory_breakdown()`.
 
     `dtype` is the compute dtype (fp32, bf16, fp16). With fp16/bf16 an fp32 master copy is
     kept; with fp32 the master is the model's own buffer (or shard) and costs nothing,
-    unless the optimizer is offloaded, which needs its own fp32 copy where it steps.
-    Offloading the optimizer (cpu or nvme) puts masters and their fp32 gradients on the host
-    and the optimizer state on the host (cpu) or in files (nvme); `offload_param` (stage 3)
-    moves the parameter shards. `compute_on_host`: the model computes on the CPU itself (no
-    accelerator), so an fp32 master offloaded to the host is the model's own buffer again.
+    unless the optimizer is offloaded, which needs its own fp32 copy where it steps. The step
+    reads the gradients in the compute dtype (blockwise_optimizer.py): no fp32 gradient copy,
+    unless `accumulation` is "fp32" (gradient_accumulation_steps > 1 with
+    data_types.grad_accum_dtype fp32, the default then), which keeps one (whole at stages 0-1,
+    this rank's shard at 2-3). Offloading the optimizer puts masters on the host (cpu) or in
+    files (nvme) with its state, and stage 2-3 gradient shards on the host; `offload_param`
+    (stage 3) moves the parameter shards. `compute_on_host`: the model computes on the CPU
+    itself (no accelerator), so an fp32 master offloaded to the host is the model's own
+    buffer again.
     `largest_layer_params` adds stage 3's working set, one gathered layer in compute dtype,
     to params on device (0: memory at rest, what memory_breakdown sees after a step).
     """
@@ -72,18 +77,19 @@ def estimate_memory(num_params: int, world_size: int, stage: int, *, dtype: str 
     out["params"][param_place if stage == 3 else "device"] += cb * full
     if stage == 3:
         out["params"]["device"] += cb * int(largest_layer_params)
-    # fp32 masters and their gradients live where the optimizer steps: on the host when it is
-    # offloaded (to cpu, or to nvme, where only the optimizer state goes to files)
-    separate = mixed or (opt_place != "device" and not compute_on_host) or (stage == 3 and param_place == "nvme")
+    # separate fp32 masters live with the optimizer state (host for cpu, files for nvme)
+    separate = (mixed or opt_place == "nvme" or (opt_place != "device" and not compute_on_host)
+                or (stage == 3 and param_place == "nvme"))
     step_place = "device" if opt_place == "device" else "host"
-    # gradients: a whole compute-dtype buffer at stages 0-1, plus an fp32 copy of what this
-    # rank steps when the masters are separate; stages 2-3 keep only the reduced fp32 shard
+    wide = 4 if _check("accumulation", accumulation, ("compute", "fp32")) == "fp32" else cb
+    # gradients: the whole compute-dtype buffer at stages 0-1 (plus a whole fp32 accumulator
+    # when accumulating wider), this rank's reduced shard at 2-3 where the optimizer steps
     if stage <= 1:
-        out["grads"]["device"] += cb * full
-    if stage >= 2 or separate:
-        out["grads"][step_place] += 4 * shard
+        out["grads"]["device"] += cb * full + (4 * full if wide > cb else 0)
+    else:
+        out["grads"][step_place] += wide * shard
     if separate:
-        out["master_params"][step_place] += 4 * shard
+        out["master_params"][opt_place if opt_place == "nvme" else step_place] += 4 * shard
     out["optimizer_states"][opt_place] += ob * shard
     return out
 

@@ -58,15 +58,41 @@ class FlatGroup(GroupLayout):
 
 class FlatModel:
     """Stages 0-2: the model's parameters as views of one compute-dtype buffer per group and,
-    with `whole_grads` (stages 0-1), their gradients as views of another."""
+    with `whole_grads` (stages 0-1), their gradients as views of another.
 
-    def __init__(self, groups: list[FlatGroup], dtype: torch.dtype, device, whole_grads: bool):
+    Stages 0-1 with gradient accumulation in a wider dtype than the model's (bf16 model,
+    data_types.grad_accum_dtype fp32) also keep `accumulators`: each micro-step's gradients
+    are added there and cleared, and the last one's are added back before the reduction."""
+
+    def __init__(self, groups: list[FlatGroup], dtype: torch.dtype, device, whole_grads: bool,
+                 accumulation_dtype: torch.dtype | None = None):
         self.groups = groups
         self.buffers = [fg.new_buffer(dtype, device) for fg in groups]
         for fg, buf in zip(groups, self.buffers):
             fg.move_params_into(buf)
         self.grad_buffers = [fg.new_buffer(dtype, device) for fg in groups] if whole_grads else []
         self._grad_views = [fg.bind_grads(buf) for fg, buf in zip(groups, self.grad_buffers)]
+        wider = whole_grads and accumulation_dtype is not None and accumulation_dtype != dtype
+        self.accumulators = [fg.new_buffer(accumulation_dtype, device) for fg in groups] if wider else []
+
+    def after_backward(self, boundary: bool, alone: bool) -> None:
+        """Inside an accumulation window a micro-step's gradients go into the wide buffer; at
+        the boundary of a world of one (no reduction to fold them into) they come back."""
+        if not self.accumulators:
+            return
+        if not boundary:
+            torch._foreach_add_(self.accumulators, self.grad_buffers)
+            torch._foreach_zero_(self.grad_buffers)
+        elif alone:
+            torch._foreach_add_(self.grad_buffers, self.accumulators)
+
+    def fold_accumulated(self, group: int, start: int, end: int) -> None:
+        """Before a range of the last micro-step's gradients is reduced (or stepped, alone)."""
+        if self.accumulators:
+            self.grad_buffers[group][start:end].add_(self.accumulators[group][start:end])
+
+    def zero_grad(self) -> None:
+        torch._foreach_zero_(self.grad_buffers + self.accumulators)
 
     def rebind_grad(self, group: int, index: int, p: torch.Tensor, buckets=None) -> None:
         """(The reducer's on_grad at stages 0-1.) A final gradient that is not its view in the flat buffer (model.zero_grad() set .grad
@@ -91,20 +117,10 @@ class FlatModel:
 
     def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         return ([("params", "device", b) for b in self.buffers]
-                + [("grads", "device", g) for g in self.grad_buffers])
+                + [("grads", "device", g) for g in self.grad_buffers + self.accumulators])
 
-    def publish(self, comm, masters: list[torch.Tensor] | None) -> None:
-        """Stages 1-2 after a step or a load: each rank's updated shard (copied from its fp32
-        master when the masters are separate) all-gathered in place into the whole buffer."""
-        for gi, (fg, buf) in enumerate(zip(self.groups, self.buffers)):
-            shard = fg.shard(buf, comm.rank)
-            if masters is not None:
-                shard.copy_(masters[gi].detach())
-            comm.all_gather(buf, shard)
-
-    def restore_masters(self, comm, masters: list[torch.Tensor], saved: list[torch.Tensor] | None) -> None:
-        """Stages 1-2 at load: separate masters from `saved` (or from the loaded module weights,
-        this rank's shard of them), then published."""
-        for master, shard, i in zip(masters, self.shards(self.buffers, comm.rank), range(len(masters))):
-            master.data.copy_(saved[i] if saved is not None else shard)
-        self.publish(comm, masters)
+    def publish(self, comm) -> None:
+        """Stages 1-2 after a step or a load: each rank's updated shard all-gathered in place
+        into the whole buffer."""
+        for fg, buf in zip(self.groups, self.buffers):
+            comm.all_gather(buf, fg.shard(buf, comm.rank))

@@ -1,8 +1,13 @@
-"""Where the fp32 masters and the optimizer state of a ZeRO stage live.
+"""Where the fp32 masters and the optimizer state of a ZeRO stage live, and which optimizer
+steps them.
 
     device "none"  on the compute device (the default)
     device "cpu"   on the host (pinned when a GPU is present); the optimizer steps there
-    device "nvme"  masters on the host, optimizer state in files (offload.SwappedOptimizer)
+    device "nvme"  in files under nvme_path, stepped block by block through the host
+
+Masters are the model's own tensors only in fp32 with nothing offloaded away from where
+the model computes; then torch's optimizer steps them directly (flat, fused). Otherwise
+they are separate and blockwise_optimizer.BlockwiseOptimizer keeps and steps them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ..config.zero import NVME_BLOCK_NUMEL as BLOCK_NUMEL  # the largest swap block (config resolves it)
-from .nvme_swap import SwappedOptimizer, rank_folder
+from .blockwise_optimizer import RESIDENT_BLOCK_NUMEL, BlockwiseOptimizer, MasterGroup
+from .nvme_swap import rank_folder
 
 
 class OptimizerOffload:
@@ -25,29 +31,37 @@ class OptimizerOffload:
         self.nvme_path = getattr(config, "nvme_path", None)
         self.rank = rank
         self.block_numel = max(1, min(int(block_numel), BLOCK_NUMEL))
-        self.swapped: SwappedOptimizer | None = None
+        self.stepper: BlockwiseOptimizer | None = None
+        self.pool: ThreadPoolExecutor | None = None
 
-    def new_master(self, like: torch.Tensor) -> torch.nn.Parameter:
-        """An fp32 copy of `like` where masters live, with a zeroed fp32 gradient beside it."""
-        data = like.detach().to(self.master_device, dtype=torch.float32, copy=True)
-        if self.pin:
-            data = data.pin_memory()
-        master = torch.nn.Parameter(data)
-        master.grad = torch.zeros_like(data)
-        return master
+    @property
+    def master_place(self) -> str:
+        return "nvme" if self.kind == "nvme" else self.place
 
-    def build_optimizer(self, build, groups: list[dict]):
-        if self.kind != "nvme":
-            return build(groups)
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerotrain-nvme")
-        self.swapped = SwappedOptimizer(build, groups, rank_folder(self.nvme_path, self.rank),
-                                        self.block_numel, pool)
-        return self.swapped
+    def separate_from(self, device: torch.device, mixed: bool) -> bool:
+        """Whether the masters must be tensors of their own (not the model's)."""
+        return mixed or self.kind == "nvme" or self.master_device != device
+
+    def new_grad(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reduced-gradient shard where the optimizer steps (stages 2-3)."""
+        t = torch.zeros(numel, dtype=dtype, device=self.master_device)
+        return t.pin_memory() if self.pin else t
+
+    def build_stepper(self, build, hyper: list[dict], groups: list[MasterGroup]) -> BlockwiseOptimizer:
+        folder = None
+        if self.kind == "nvme":
+            self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerotrain-nvme")
+            folder = rank_folder(self.nvme_path, self.rank)
+        self.stepper = BlockwiseOptimizer(
+            build, hyper, groups, device=self.master_device, pin=self.pin, folder=folder, pool=self.pool,
+            block_numel=self.block_numel if folder is not None else RESIDENT_BLOCK_NUMEL)
+        return self.stepper
 
     def nvme_bytes(self) -> dict[str, int]:
-        return {"optimizer_states": self.swapped.nvme_bytes()} if self.swapped is not None else {}
+        return self.stepper.nvme_bytes() if self.stepper is not None and self.kind == "nvme" else {}
 
     def close(self) -> None:
-        if self.swapped is not None:
-            self.swapped.close()
-            self.swapped.pool.shutdown()
+        if self.stepper is not None:
+            self.stepper.close()
+        if self.pool is not None:
+            self.pool.shutdown()

@@ -26,7 +26,8 @@ class DataParallel(ZeroStrategy):
     def __init__(self, param_groups, registration, comm, compute_dtype, device, **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
         self.groups = [FlatGroup(ps, comm.world_size, sharded=False) for ps in self.ordered]
-        self.flat = FlatModel(self.groups, compute_dtype, device, whole_grads=True)
+        self.flat = FlatModel(self.groups, compute_dtype, device, whole_grads=True,
+                              accumulation_dtype=self.accumulation_dtype)
         self._make_masters(self.flat.buffers, self.flat.grad_buffers)
         buckets = plan_buckets(self.groups, self.bucket_numel, self.backward_pos)
         self.reducer = BucketedReducer(self.groups, buckets, self.flat.rebind_grad, self._launch, self._land,
@@ -34,12 +35,17 @@ class DataParallel(ZeroStrategy):
 
     # ---- backward ------------------------------------------------------------------------
     def _launch(self, bucket: Bucket):
+        self.flat.fold_accumulated(bucket.group, bucket.start, bucket.end)
         bucket.data = self.flat.grad_buffers[bucket.group][bucket.start : bucket.end]
         self.averaging.scale_before_sum(bucket.data)
         return self.comm.all_reduce(bucket.data, async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
         self.averaging.scale_after_sum(bucket.data)
+
+    def end_backward(self) -> None:
+        super().end_backward()
+        self.flat.after_backward(self.at_boundary, self.comm.alone)
 
     # ---- step ----------------------------------------------------------------------------
     def take_assigned_grads(self) -> None:
@@ -49,22 +55,14 @@ class DataParallel(ZeroStrategy):
         return self.flat.grad_buffers
 
     def after_step(self) -> None:
-        if self.separate_masters:
-            for model_buf, master in zip(self.flat.buffers, self.masters):
-                model_buf.copy_(master.detach())
-        self.zero_grad()
+        self.zero_grad()  # separate masters were written into the model block by block
 
     def zero_grad(self) -> None:
-        torch._foreach_zero_(self.flat.grad_buffers)
+        self.flat.zero_grad()
 
     # ---- accounting and checkpoints --------------------------------------------------------
     def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         return self.flat.memory_tensors() + self.master_tensors()
 
     def load_state_dict(self, state: dict) -> None:
-        if not self.separate_masters:
-            return
-        saved = state.get("masters")
-        for i, (master, model_buf) in enumerate(zip(self.masters, self.flat.buffers)):
-            master.data.copy_(saved[i] if saved is not None else model_buf)
-            model_buf.copy_(master.detach())
+        self.load_masters(state)

@@ -23,7 +23,8 @@ class ShardedOptimizer(ZeroStrategy):
     def __init__(self, param_groups, registration, comm, compute_dtype, device, **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
         self.groups = [FlatGroup(ps, comm.world_size) for ps in self.ordered]
-        self.flat = FlatModel(self.groups, compute_dtype, device, whole_grads=True)
+        self.flat = FlatModel(self.groups, compute_dtype, device, whole_grads=True,
+                              accumulation_dtype=self.accumulation_dtype)
         self._make_masters(self.flat.shards(self.flat.buffers, comm.rank),
                            self.flat.shards(self.flat.grad_buffers, comm.rank))
         buckets = plan_buckets(self.groups, self.bucket_numel, self.backward_pos, split_at_shards=True)
@@ -32,6 +33,7 @@ class ShardedOptimizer(ZeroStrategy):
 
     # ---- backward ------------------------------------------------------------------------
     def _launch(self, bucket: Bucket):
+        self.flat.fold_accumulated(bucket.group, bucket.start, bucket.end)
         bucket.data = self.flat.grad_buffers[bucket.group][bucket.start : bucket.end]
         self.averaging.scale_before_sum(bucket.data)
         return self.comm.reduce(bucket.data, dst=bucket.owner, async_op=True)
@@ -39,6 +41,10 @@ class ShardedOptimizer(ZeroStrategy):
     def _land(self, bucket: Bucket) -> None:
         if bucket.owner == self.comm.rank:
             self.averaging.scale_after_sum(bucket.data)
+
+    def end_backward(self) -> None:
+        super().end_backward()
+        self.flat.after_backward(self.at_boundary, self.comm.alone)
 
     # ---- step ----------------------------------------------------------------------------
     def take_assigned_grads(self) -> None:
@@ -48,16 +54,16 @@ class ShardedOptimizer(ZeroStrategy):
         return self.flat.shards(self.flat.grad_buffers, self.comm.rank)
 
     def after_step(self) -> None:
-        self.flat.publish(self.comm, self.masters if self.separate_masters else None)
+        self.flat.publish(self.comm)
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        torch._foreach_zero_(self.flat.grad_buffers)
+        self.flat.zero_grad()
 
     # ---- accounting and checkpoints --------------------------------------------------------
     def memory_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         return self.flat.memory_tensors() + self.master_tensors()
 
     def load_state_dict(self, state: dict) -> None:
-        if self.separate_masters:
-            self.flat.restore_masters(self.comm, self.masters, state.get("masters"))
+        if self.load_masters(state):
+            self.flat.publish(self.comm)

@@ -65,7 +65,7 @@ class ShardedGradients(ZeroStrategy):
         return self.master_grads
 
     def after_step(self) -> None:
-        self.flat.publish(self.comm, self.masters if self.separate_masters else None)
+        self.flat.publish(self.comm)
         self.zero_grad()
 
     def zero_grad(self) -> None:
@@ -76,5 +76,5 @@ class ShardedGradients(ZeroStrategy):
         return self.flat.memory_tensors() + self.master_tensors()
 
     def load_state_dict(self, state: dict) -> None:
-        if self.separate_masters:
-            self.flat.restore_masters(self.comm, self.masters, state.get("masters"))
+        if self.load_masters(state):
+            self.flat.publish(self.comm)

@@ -51,15 +51,12 @@ class ShardedParameters(ZeroStrategy):
         self.where = {id(p): (gi, i) for gi, fg in enumerate(self.groups) for i, p in enumerate(fg.params)}
         folder = rank_folder(offload_param.nvme_path, rank) if param_kind == "nvme" else None
         pin = bool(getattr(offload_param, "pin_memory", False) and torch.cuda.is_available())
-        self.stores, shards = [], []
-        for gi, fg in enumerate(self.groups):
-            shard = fg.build_shard(rank, compute_dtype, device)
-            store = ParamStore(shard, param_kind, device, folder, f"params.group{gi}", pin)
-            self.stores.append(store)
-            # separate masters copy the shard; otherwise the step writes the stored shard itself
-            shards.append(shard if self.separate_masters else store.tensor)
-        self._make_masters(shards[: self.trained_groups])
-        del shards
+        self.stores = [ParamStore(fg.build_shard(rank, compute_dtype, device), param_kind, device, folder,
+                                  f"params.group{gi}", pin) for gi, fg in enumerate(self.groups)]
+        # separate masters are read from the stores (and written back to them at each step);
+        # otherwise the step writes the stored shard itself
+        self._make_masters([store if self.separate_masters else store.tensor
+                            for store in self.stores[: self.trained_groups]])
         self._grads_zero = True  # then the first reduce-scatter can write into them directly
         persistent = {id(p) for fg in self.groups for p, n in zip(fg.params, fg.full_numels)
                       if n < persistence_threshold}
@@ -125,9 +122,7 @@ class ShardedParameters(ZeroStrategy):
         return self.master_grads
 
     def after_step(self) -> None:
-        if self.separate_masters:
-            for store, master in zip(self.stores, self.masters):
-                store.write(0, master.detach())
+        # separate masters were written into the stores block by block
         self.gatherer.release_all(force=True)  # persistent params must be gathered fresh
         self.zero_grad()
 
@@ -148,11 +143,11 @@ class ShardedParameters(ZeroStrategy):
             for i in indices:
                 p = fg.params[i]
                 self.comm.broadcast(p.data, src=src)
-                chunk, at = fg.numels[i], fg.offsets[i]
+                at = fg.offsets[i]
                 mine = cut(p.data.reshape(-1), ws)[rank]
                 self.stores[gi].write(at, mine)
-                if self.separate_masters and gi < self.trained_groups:
-                    self.masters[gi].data[at : at + chunk].copy_(mine)
+                if self.stepper is not None and gi < self.trained_groups:
+                    self.stepper.write_master(gi, at, mine)
 
     def full_state_dict(self, module: torch.nn.Module) -> dict:
         """The module's state dict with every parameter whole (a collective: all ranks call)."""
@@ -199,9 +194,8 @@ class ShardedParameters(ZeroStrategy):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        for i, store in enumerate(self.stores):
-            if "shards" in state:
-                store.write(0, state["shards"][i])
-            if self.separate_masters and i < self.trained_groups:
-                self.masters[i].data.copy_(state["masters"][i] if "masters" in state else store.full())
+        if "shards" in state:
+            for store, shard in zip(self.stores, state["shards"]):
+                store.write(0, shard)
+        self.load_masters(state)
         self.gatherer.release_all(force=True)

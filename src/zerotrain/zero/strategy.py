@@ -27,6 +27,7 @@ import torch
 from ..comm import Comm
 from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .averaging import Averaging, attach_and_scale, plan_averaging
+from .blockwise_optimizer import BlockwiseOptimizer, MasterGroup
 from .offload_placement import OptimizerOffload
 
 log = logging.getLogger("zerotrain")
@@ -45,7 +46,8 @@ class ZeroStrategy(ABC):
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm: Comm,
                  compute_dtype: torch.dtype, device, *, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
                  prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
-                 overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22):
+                 overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22,
+                 accumulation_dtype: torch.dtype | None = None):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.device = torch.device(device)
@@ -58,9 +60,11 @@ class ZeroStrategy(ABC):
         self.averaging: Averaging = plan_averaging(comm.world_size, prescale_gradients,
                                                    float(gradient_predivide_factor), compute_dtype)
         # fp32 masters are separate tensors when the model computes in half precision or when
-        # they live on another device (offloaded from a GPU); otherwise the step writes the
-        # model's own buffer (or shard)
-        self.separate_masters = self.mixed or self.offload.master_device != self.device
+        # they live elsewhere (offloaded); otherwise the step writes the model's own buffer
+        self.separate_masters = self.offload.separate_from(self.device, self.mixed)
+        #: the dtype gradients accumulate in across micro-steps (data_types.grad_accum_dtype):
+        #: the compute dtype unless accumulation (gradient_accumulation_steps > 1) asks for fp32
+        self.accumulation_dtype = accumulation_dtype or compute_dtype
         #: each group's parameters in layout order: reverse registration, so the ones whose
         #: gradients arrive first in backward sit together and a bucket is a plain slice
         self.ordered = [sorted(g["params"], key=lambda p: -registration[id(p)]) for g in param_groups]
@@ -71,23 +75,35 @@ class ZeroStrategy(ABC):
         self.claim([p for ps in self.ordered for p in ps])
         #: the layout of each group (flat.FlatGroup or stage3_gather.ShardedGroup), set by the stage
         self.groups: list = []
+        #: fp32 masters the torch optimizer steps directly (empty when they are separate: then
+        #: the BlockwiseOptimizer keeps them, `stepper`)
         self.masters: list[torch.nn.Parameter] = []
+        #: the reduced gradients this rank steps, one per trained group (still loss-scaled)
         self.master_grads: list[torch.Tensor] = []
+        self._models: list[tuple] = []  # per trained group: (numel, read, write) of the model's values
+        self.stepper: BlockwiseOptimizer | None = None
 
     # ---- shared construction --------------------------------------------------------------
-    def _make_masters(self, tensors: list[torch.Tensor], grads: list[torch.Tensor] | None = None) -> None:
-        """One fp32 master per group over `tensors` (whole buffers or this rank's shards): a
-        copy where the offload placement says, with an fp32 gradient of its own; else the
-        tensor itself, whose gradient is `grads[i]` (a view of a gradient buffer) or fresh
-        zeros. master_grads are kept apart from .grad, which a user's zero_grad() may drop."""
-        for i, tensor in enumerate(tensors):
+    def _make_masters(self, models: list, grads: list[torch.Tensor] | None = None) -> None:
+        """Masters over this rank's part of each trained group's model values: `models[i]` is
+        a tensor (a whole buffer or a shard) or a stage-3 ParamStore. When the masters are the
+        model's own (fp32, nothing offloaded) each becomes a Parameter over the tensor, with
+        gradient `grads[i]` (a view of a gradient buffer) or fresh zeros; when separate they
+        are made with the optimizer (build_optimizer), and the gradients the step reads are
+        `grads[i]` or fresh shards in the accumulation dtype where the optimizer steps."""
+        for i, model in enumerate(models):
+            numel = model.numel() if torch.is_tensor(model) else model.numel
+            grad = grads[i] if grads is not None else None
             if self.separate_masters:
-                master = self.offload.new_master(tensor)
+                if grad is None:
+                    grad = self.offload.new_grad(numel, self.accumulation_dtype)
+                self._models.append((numel, *_accessors(model)))
             else:
-                master = torch.nn.Parameter(tensor)
-                master.grad = grads[i] if grads is not None else torch.zeros_like(tensor)
-            self.masters.append(master)
-        self.master_grads = [m.grad for m in self.masters]
+                master = torch.nn.Parameter(model)
+                master.grad = grad if grad is not None else torch.zeros_like(model)
+                self.masters.append(master)
+                grad = master.grad
+            self.master_grads.append(grad)
 
     # ---- optimizer -------------------------------------------------------------------------
     def optimizer_groups(self) -> list[dict]:
@@ -95,8 +111,14 @@ class ZeroStrategy(ABC):
         return [dict(h, params=[m]) for h, m in zip(self.hyper, self.masters)]
 
     def build_optimizer(self, build):
-        """`build(param_groups) -> torch optimizer` over the masters; offload may wrap it (state on NVMe)."""
-        return self.offload.build_optimizer(build, self.optimizer_groups())
+        """`build(param_groups) -> torch optimizer` over the masters; separate masters are
+        made here and stepped block by block (blockwise_optimizer.py)."""
+        if not self.separate_masters:
+            return build(self.optimizer_groups())
+        groups = [MasterGroup(numel, grad, read, write)
+                  for (numel, read, write), grad in zip(self._models, self.master_grads)]
+        self.stepper = self.offload.build_stepper(build, self.hyper[: self.trained_groups], groups)
+        return self.stepper
 
     # ---- forward / backward ----------------------------------------------------------------
     def begin_forward(self) -> None:
@@ -105,6 +127,7 @@ class ZeroStrategy(ABC):
     def begin_backward(self, boundary: bool) -> None:
         """Before each backward; `boundary` says it ends an accumulation window. Stages that
         keep whole gradients reduce only then (and not at all alone); 2-3 override."""
+        self.at_boundary = boundary
         if boundary and not self.comm.alone:
             self.reducer.arm()
 
@@ -135,11 +158,12 @@ class ZeroStrategy(ABC):
         return math.sqrt(squares.item()) / loss_scale
 
     def prepare_step(self, coef: float) -> None:
-        """Bring the reduced gradients into the masters' grads, multiplied by coef (unscale x clip)."""
-        reduced = self.reduced_grads()
-        if self.separate_masters and reduced is not self.master_grads:
-            torch._foreach_copy_(self.master_grads, reduced)
-        attach_and_scale(self.masters, self.master_grads, coef)
+        """The step reads the reduced gradients multiplied by coef (unscale x clip): in one
+        foreach kernel for masters of the model's own, block by block for separate ones."""
+        if self.stepper is not None:
+            self.stepper.coef = coef
+        else:
+            attach_and_scale(self.masters, self.master_grads, coef)
 
     @abstractmethod
     def after_step(self) -> None:
@@ -157,9 +181,12 @@ class ZeroStrategy(ABC):
         may stand in for a tensor whose storage is not its own (stage 3's whole params)."""
 
     def master_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
-        """The fp32 masters and their gradients, where the offload placement keeps them."""
+        """The masters and the gradients the step reads, where the offload placement keeps them."""
         place = self.offload.place
-        return [("grads", place, g) for g in self.master_grads] + [("master_params", place, m) for m in self.masters]
+        masters = list(self.masters)
+        if self.stepper is not None:
+            masters += [m for m in self.stepper.masters if m is not None]
+        return [("grads", place, g) for g in self.master_grads] + [("master_params", place, m) for m in masters]
 
     @property
     def optimizer_state_place(self) -> str:
@@ -191,8 +218,18 @@ class ZeroStrategy(ABC):
                 "groups": [g.describe([names[id(p)] for p in g.params], g.shapes) for g in self.groups]}
 
     def state_dict(self) -> dict:
-        """This rank's share of what the module state dict does not hold (fp32 masters)."""
-        return {"masters": [m.detach().clone() for m in self.masters]} if self.separate_masters else {}
+        """This rank's share of what the module state dict does not hold (separate fp32 masters)."""
+        if self.stepper is None:
+            return {}
+        return {"masters": [self.stepper.master(gi).detach().clone() for gi in range(self.trained_groups)]}
+
+    def load_masters(self, state: dict) -> bool:
+        """Separate masters from a checkpoint's strategy state (or, when it has none, from the
+        module weights just loaded), written through to the model; False when there are none."""
+        if self.stepper is None:
+            return False
+        self.stepper.load_masters(state.get("masters"), to_model=True)
+        return True
 
     @abstractmethod
     def load_state_dict(self, state: dict) -> None:
@@ -225,6 +262,17 @@ class ZeroStrategy(ABC):
         if getattr(self, "detached", False):
             raise RuntimeError("this engine was replaced by a later zerotrain.initialize on the same model; "
                                "train with the engine that call returned")
+
+
+def _accessors(model):
+    """(read(lo, hi), write(lo, values)) over a tensor, or a stage-3 ParamStore (which has both)."""
+    if not torch.is_tensor(model):
+        return model.read, model.write
+
+    def write(lo: int, values: torch.Tensor) -> None:
+        model[lo : lo + values.numel()].copy_(values)
+
+    return (lambda lo, hi: model[lo:hi]), write
 
 
 # id(parameter) -> the live strategy that owns it

@@ -434,7 +434,7 @@ def test_unknown_key_suggests_alias_and_short_name():
     ({"quantize_training": {"enabled": True}}, "quantize_training: quantized training (MoQ) is not built"),
     ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},
      "compression_training: compression training"),
-    ({"data_types": {"grad_accum_dtype": "bf16"}}, "data_types: zerotrain accumulates gradients"),
+    ({"data_types": {"keep_in_fp32_modules": ["lm_head"]}}, "data_types.keep_in_fp32_modules: every parameter"),
     ({"communication_data_type": "fp16"}, "communication_data_type: 'fp16': gradients are reduced in the training "
                                           "dtype (fp32); set it to 'fp32' or remove it"),
     ({"sparse_gradients": True}, "sparse_gradients: sparse gradients are not built"),
@@ -466,7 +466,7 @@ def test_refused_by_name(fragment, message):
     {"sparse_attention": {"enabled": False}}, {"tensor_parallel": {"enabled": False}},
     {"compile": {"enabled": False}}, {"pipeline": {"enabled": False}},
     {"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": False}}}},
-    {"data_types": {"grad_accum_dtype": "fp32"}}, {"communication_data_type": "fp32"},
+    {"communication_data_type": "fp32"},
     {"activation_checkpointing": {"partition_activations": True}}, {"aio": {"block_size": 1048576}},
     {"tensorboard": {"enabled": True, "output_path": "x"}}, {"wandb": {"enabled": True}},
     {"csv_monitor": {"enabled": True}}, {"monitor_config": {"enabled": True}}, {"comms_logger": {"enabled": True}},

@@ -65,12 +65,12 @@ def test_deepspeed_param_offload_alone_is_not_estimated():
 
 @pytest.mark.parametrize("stage, dtype, expected", [
     (0, "fp32", {"params": 4, "grads": 4, "master_params": 0, "optimizer_states": 8}),
-    (0, "bf16", {"params": 2, "grads": 6, "master_params": 4, "optimizer_states": 8}),
+    (0, "bf16", {"params": 2, "grads": 2, "master_params": 4, "optimizer_states": 8}),
     (1, "fp32", {"params": 4, "grads": 4, "master_params": 0, "optimizer_states": 8}),
-    (1, "bf16", {"params": 2, "grads": 6, "master_params": 4, "optimizer_states": 8}),
+    (1, "bf16", {"params": 2, "grads": 2, "master_params": 4, "optimizer_states": 8}),
     (2, "fp32", {"params": 4, "grads": 4, "master_params": 0, "optimizer_states": 8}),
-    (2, "bf16", {"params": 2, "grads": 4, "master_params": 4, "optimizer_states": 8}),
-    (3, "fp16", {"params": 2, "grads": 4, "master_params": 4, "optimizer_states": 8}),
+    (2, "bf16", {"params": 2, "grads": 2, "master_params": 4, "optimizer_states": 8}),
+    (3, "fp16", {"params": 2, "grads": 2, "master_params": 4, "optimizer_states": 8}),
     (3, "fp32", {"params": 4, "grads": 4, "master_params": 0, "optimizer_states": 8}),
 ])
 def test_bytes_per_param_on_one_rank(stage, dtype, expected):
@@ -80,13 +80,19 @@ def test_bytes_per_param_on_one_rank(stage, dtype, expected):
 
 
 @pytest.mark.parametrize("stage, expected", [
-    (0, {"params": 2, "grads": 6, "master_params": 4, "optimizer_states": 8}),
-    (1, {"params": 2, "grads": 2 + 4 / 64, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
-    (2, {"params": 2, "grads": 4 / 64, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
-    (3, {"params": 2 / 64, "grads": 4 / 64, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
+    (0, {"params": 2, "grads": 2, "master_params": 4, "optimizer_states": 8}),
+    (1, {"params": 2, "grads": 2, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
+    (2, {"params": 2, "grads": 2 / 64, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
+    (3, {"params": 2 / 64, "grads": 2 / 64, "master_params": 4 / 64, "optimizer_states": 8 / 64}),
 ])
 def test_what_each_stage_partitions(stage, expected):
+    """bf16 with Adam at the ZeRO paper's numbers: 16P, 4P + 12P/N, 2P + 14P/N, 16P/N."""
     assert per_param(estimate_memory(P, 64, stage, dtype="bf16")) == expected
+
+
+@pytest.mark.parametrize("stage, grads", [(0, 2 + 4), (1, 2 + 4), (2, 4 / 64), (3, 4 / 64)])
+def test_fp32_accumulation_keeps_a_wide_gradient_copy(stage, grads):
+    assert per_param(estimate_memory(P, 64, stage, dtype="bf16", accumulation="fp32"))["grads"] == grads
 
 
 def test_padding_is_counted():
@@ -104,11 +110,12 @@ def test_optimizer_state_bytes(optimizer, nbytes):
 def test_offload_moves_masters_grads_and_state():
     n = P // 8
     cpu = estimate_memory(P, 8, 2, dtype="bf16", offload_optimizer="cpu")
-    assert per_param(cpu, "host", n) == {"params": 0, "grads": 4, "master_params": 4, "optimizer_states": 8}
+    assert per_param(cpu, "host", n) == {"params": 0, "grads": 2, "master_params": 4, "optimizer_states": 8}
     assert per_param(cpu, "device", n) == {"params": 16, "grads": 0, "master_params": 0, "optimizer_states": 0}
     nvme = estimate_memory(P, 8, 2, dtype="bf16", offload_optimizer="nvme")
-    assert per_param(nvme, "host", n) == {"params": 0, "grads": 4, "master_params": 4, "optimizer_states": 0}
-    assert nvme["optimizer_states"]["nvme"] == 8 * n
+    # ZeRO-Infinity: masters in files with their optimizer state; only the bf16 gradient shard stays
+    assert per_param(nvme, "host", n) == {"params": 0, "grads": 2, "master_params": 0, "optimizer_states": 0}
+    assert nvme["optimizer_states"]["nvme"] == 8 * n and nvme["master_params"]["nvme"] == 4 * n
     # fp32 training needs a separate master copy once the optimizer steps elsewhere
     assert estimate_memory(P, 8, 1, dtype="fp32", offload_optimizer="cpu")["master_params"]["host"] == 4 * n
     params = estimate_memory(P, 8, 3, dtype="bf16", offload_optimizer="cpu", offload_param="cpu")
@@ -124,7 +131,7 @@ def test_compute_on_host_needs_no_fp32_master_copy():
     # half precision keeps its fp32 masters anyway; stage 3 params on nvme need a resident master
     assert estimate_memory(P, 8, 2, offload_optimizer="cpu", compute_on_host=True)["master_params"]["host"] == 4 * n
     nvme = estimate_memory(P, 8, 3, dtype="fp32", offload_optimizer="nvme", offload_param="nvme", compute_on_host=True)
-    assert nvme["master_params"]["host"] == 4 * n
+    assert nvme["master_params"] == {"device": 0, "host": 0, "nvme": 4 * n}
 
 
 def test_largest_layer_is_stage3_working_set():

@@ -1,0 +1,232 @@
+"""fp32 master weights kept apart from the model, stepped block by block.
+
+When the model computes in fp16/bf16, or the optimizer is offloaded, the fp32 masters are
+not the model's own tensors. Each trained group then has one fp32 master shard (this rank's
+part) and its optimizer state, both on the compute device, on the host (offload cpu) or in
+files (offload nvme). `BlockwiseOptimizer` steps them `block` elements at a time:
+
+    master + state of block b      resident views, or read from their files ahead of use
+    gradient of block b            the strategy's reduced gradient (compute dtype) -> fp32 x coef
+    step                           torch's own optimizer over one slot parameter
+    model shard[b] <- master b     cast to the compute dtype (stage 3: into its shard store)
+    (nvme) write master + state b  while the next block is read and stepped
+
+    read  b0 | read  b1 | read  b2 |
+             | step  b0 | step  b1 | step b2
+             |          | write b0 | write b1 | write b2
+
+So no fp32 copy of the gradients persists (the ZeRO paper's 16 bytes per parameter with
+Adam: 2 + 2 + 12), and with nvme host memory holds two blocks in flight, never a shard.
+Reads and writes are positional (pread/pwrite) on a thread pool, which releases the GIL.
+Blocks are only correct for optimizers that update each element on its own (SGD, Adam,
+...); any other optimizer steps each group as one block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from .nvme_swap import FileStore
+
+# torch optimizers whose update of an element reads only that element (and scalars)
+ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Rprop",
+                         "ASGD", "UncorrectedAdam"})
+RESIDENT_BLOCK_NUMEL = 1 << 22  # 16 MB of fp32 per temporary gradient block
+
+
+@dataclass
+class MasterGroup:
+    """One trained group as the strategy shows it to the optimizer."""
+
+    numel: int
+    grad: torch.Tensor  # the reduced gradient shard (still loss-scaled), read block by block
+    read_model: Callable[[int, int], torch.Tensor]  # elements [lo, hi) of the model's shard
+    write_model: Callable[[int, torch.Tensor], None]  # put updated values at lo
+
+
+class BlockwiseOptimizer(torch.optim.Optimizer):
+    """A torch optimizer (param_groups, step, state_dict) over fp32 masters it keeps itself."""
+
+    def __init__(self, build, hyper: list[dict], groups: list[MasterGroup], *, device: torch.device,
+                 pin: bool = False, folder=None, block_numel: int = RESIDENT_BLOCK_NUMEL, pool=None):
+        self.groups, self.device, self.pin, self.folder, self.pool = groups, device, pin, folder, pool
+        self.coef = 1.0  # unscale x clip of the coming step (ZeroStrategy.prepare_step)
+        self.slots = [[torch.nn.Parameter(torch.zeros(1, dtype=torch.float32, device=device)) for _ in range(2)]
+                      for _ in groups]
+        self.inner = build([dict(h, params=slots) for h, slots in zip(hyper, self.slots)])
+        super().__init__([s for slots in self.slots for s in slots], self.inner.defaults)
+        self.param_groups = self.inner.param_groups  # schedulers write the inner optimizer's lr
+        self.state = {}  # resident state tensors by group, for memory accounting
+        elementwise = type(self.inner).__name__ in ELEMENTWISE
+        self.blocks = [max(1, min(block_numel, g.numel)) if elementwise else max(1, g.numel) for g in groups]
+        self.steps = [0 for _ in groups]
+        self.state_keys: list[str] = []  # the per-element state tensors, learned at the first step
+        self.masters: list[torch.Tensor | None] = []
+        self.master_files: list[FileStore | None] = []
+        self.state_files: dict[tuple[int, str], FileStore] = {}
+        for gi, g in enumerate(groups):
+            if folder is None:
+                self.masters.append(self._resident(g.numel))
+                self.master_files.append(None)
+            else:
+                self.masters.append(None)
+                self.master_files.append(FileStore(folder / f"group{gi}.master.bin", g.numel, torch.float32))
+        self.load_masters(None)
+
+    # ---- storage -----------------------------------------------------------------------------
+    def _resident(self, numel: int) -> torch.Tensor:
+        t = torch.zeros(numel, dtype=torch.float32, device=self.device)
+        return t.pin_memory() if self.pin else t
+
+    def _ranges(self, gi: int):
+        n, b = self.groups[gi].numel, self.blocks[gi]
+        return [(lo, min(lo + b, n)) for lo in range(0, n, b)]
+
+    def load_masters(self, saved: list[torch.Tensor] | None, to_model: bool = False) -> None:
+        """Masters from `saved` (a checkpoint), else from the model's own values, block by
+        block; `to_model` also writes saved masters into the model (cast to its dtype)."""
+        for gi, g in enumerate(self.groups):
+            for lo, hi in self._ranges(gi):
+                values = saved[gi][lo:hi] if saved is not None else g.read_model(lo, hi)
+                self.write_master(gi, lo, values)
+                if to_model and saved is not None:
+                    g.write_model(lo, values)
+
+    def write_master(self, gi: int, lo: int, values: torch.Tensor) -> None:
+        values = values.detach().to(self.device, torch.float32)
+        if self.masters[gi] is not None:
+            self.masters[gi][lo : lo + values.numel()].copy_(values)
+        else:
+            self.master_files[gi].write_from(lo, values.cpu())
+
+    def master(self, gi: int) -> torch.Tensor:
+        """The whole fp32 master of group gi (read from its file with nvme: for checkpoints)."""
+        if self.masters[gi] is not None:
+            return self.masters[gi]
+        out = torch.empty(self.groups[gi].numel, dtype=torch.float32)
+        self.master_files[gi].read_into(0, out)
+        return out
+
+    def _state_tensor(self, gi: int, key: str) -> torch.Tensor | FileStore:
+        if self.folder is not None:
+            if (gi, key) not in self.state_files:
+                self.state_files[(gi, key)] = FileStore(self.folder / f"group{gi}.{key}.bin",
+                                                        self.groups[gi].numel, torch.float32)
+            return self.state_files[(gi, key)]
+        group_state = self.state.setdefault(gi, {})
+        if key not in group_state:
+            group_state[key] = self._resident(self.groups[gi].numel)
+        return group_state[key]
+
+    def _read(self, gi: int, lo: int, hi: int) -> tuple[torch.Tensor, dict, list[Future]]:
+        """Master and state of a block: views when resident, buffers being filled with nvme."""
+        if self.folder is None:
+            state = {k: self._state_tensor(gi, k)[lo:hi] for k in self.state_keys} if self.steps[gi] else {}
+            return self.masters[gi][lo:hi], state, []
+        master = torch.empty(hi - lo, dtype=torch.float32)
+        futures = [self.pool.submit(self.master_files[gi].read_into, lo, master)]
+        state = {}
+        if self.steps[gi]:
+            for key in self.state_keys:
+                state[key] = torch.empty(hi - lo, dtype=torch.float32)
+                futures.append(self.pool.submit(self._state_tensor(gi, key).read_into, lo, state[key]))
+        return master, state, futures
+
+    # ---- the step ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        for gi, g in enumerate(self.groups):
+            ranges = self._ranges(gi)
+            writes: list[list[Future]] = []
+            ahead = self._read(gi, *ranges[0])
+            for b, (lo, hi) in enumerate(ranges):
+                master, state_in, reads = ahead
+                if b + 1 < len(ranges):
+                    ahead = self._read(gi, *ranges[b + 1])
+                for f in reads:
+                    f.result()
+                # fp32 on this device already: a view, scaled in place (the strategy clears it
+                # after the step anyway); otherwise a temporary fp32 copy of one block
+                grad = g.grad[lo:hi].to(self.device, torch.float32)
+                if self.coef != 1.0:
+                    grad.mul_(self.coef)
+                slot = self.slots[gi][b % 2]
+                slot.data, slot.grad = master, grad
+                state = self.inner.state[slot]
+                state.clear()
+                if self.steps[gi]:
+                    state.update(state_in, step=torch.tensor(float(self.steps[gi])))
+                self.inner.step()
+                slot.grad = None
+                if not self.state_keys:  # the first block ever: learn which state tensors to keep
+                    self.state_keys = [k for k, v in state.items()
+                                       if torch.is_tensor(v) and v.numel() == hi - lo and k != "step"]
+                g.write_model(lo, master)
+                if self.folder is None:
+                    if not self.steps[gi]:  # first step: the optimizer made fresh state tensors
+                        for key in self.state_keys:
+                            self._state_tensor(gi, key)[lo:hi].copy_(state[key])
+                else:
+                    writes.append([self.pool.submit(self.master_files[gi].write_from, lo, master)]
+                                  + [self.pool.submit(self._state_tensor(gi, key).write_from, lo, state[key])
+                                     for key in self.state_keys])
+                    if len(writes) > 2:  # at most two blocks of writes in flight
+                        for f in writes.pop(0):
+                            f.result()
+                state.clear()
+            for block_writes in writes:
+                for f in block_writes:
+                    f.result()
+            self.steps[gi] += 1
+        self.coef = 1.0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients belong to the strategy's shards; it clears them."""
+
+    # ---- checkpoints and accounting ----------------------------------------------------------
+    def state_dict(self) -> dict:
+        """torch's layout, one entry per group: step and each per-element state tensor, whole."""
+        state = {}
+        for gi, g in enumerate(self.groups):
+            if not self.steps[gi]:
+                continue
+            entry = {"step": torch.tensor(float(self.steps[gi]))}
+            for key in self.state_keys:
+                store = self._state_tensor(gi, key)
+                if isinstance(store, FileStore):
+                    full = torch.empty(g.numel, dtype=torch.float32)
+                    store.read_into(0, full)
+                    entry[key] = full
+                else:
+                    entry[key] = store.detach().clone()
+            state[gi] = entry
+        return {"state": state, "param_groups": [{k: v for k, v in pg.items() if k != "params"}
+                                                 for pg in self.param_groups]}
+
+    def load_state_dict(self, saved: dict) -> None:
+        for gi, entry in saved["state"].items():
+            gi = int(gi)
+            self.steps[gi] = int(entry["step"])
+            keys = [k for k in entry if k != "step"]
+            self.state_keys = self.state_keys or keys
+            for key in keys:
+                store = self._state_tensor(gi, key)
+                if isinstance(store, FileStore):
+                    store.write_from(0, entry[key].float())
+                else:
+                    store.copy_(entry[key])
+        for group, hyper in zip(self.param_groups, saved["param_groups"]):
+            group.update(hyper)
+
+    def nvme_bytes(self) -> dict[str, int]:
+        return {"master_params": sum(f.nbytes for f in self.master_files if f is not None),
+                "optimizer_states": sum(f.nbytes for f in self.state_files.values())}
+
+    def close(self) -> None:
+        for store in [*self.master_files, *self.state_files.values()]:
+            if store is not None:
+                store.close()
