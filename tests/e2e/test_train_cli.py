@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from zerotrain.trainer.metrics import read_metrics
+from zerotrain.trainer.report.metrics_log import read_metrics
 
 WORDS = "def class return import self if else for in while print value data list dict none true".split()
 
@@ -129,7 +129,7 @@ def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):
                  "--block_size", "64", "--max_steps", "12", "--deepspeed", "mlm.json", "--learning_rate", "1e-3",
                  "--eval_strategy", "epoch", "--num_train_epochs", "1", *COMMON))
     last = [r for r in metrics(tmp_path / "mlm") if "loss" in r][-1]
-    assert last["theta"] < 0.9 and "eval_accuracy" in state(tmp_path / "mlm")
+    assert last["pld_theta"] < 0.9 and "eval_accuracy" in state(tmp_path / "mlm")
     assert 0 < state(tmp_path / "mlm")["eval_perplexity"] < 300
 
     rng = random.Random(1)
@@ -148,7 +148,7 @@ def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):
 def test_lora_on_an_hf_model_with_zero3_and_gradient_checkpointing(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zerotrain.trainer.tokenizer import byte_tokenizer
+    from zerotrain.trainer.data.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
     base = tmp_path / "base"
@@ -177,8 +177,8 @@ def test_lora_on_an_hf_model_with_zero3_and_gradient_checkpointing(tmp_path):
 
     # the merged model scores the eval set as the adapter run did (same cached eval set, one process)
     code = ("import json, sys; from zerotrain.trainer.args import build; from zerotrain.trainer import Trainer;"
-            "from zerotrain.trainer.data import prepare; from zerotrain.trainer.models import load_model;"
-            "from zerotrain.trainer.tokenizer import load_tokenizer; from zerotrain.comm import Comm, ParallelState;"
+            "from zerotrain.trainer.data.prepare import prepare; from zerotrain.trainer.model.build import load_model;"
+            "from zerotrain.trainer.data.tokenizer import load_tokenizer; from zerotrain.comm import Comm, ParallelState;"
             "m, d, t = build({'model_name_or_path': 'merged', 'train_file': 'train.jsonl', 'output_dir': 'ev',"
             " 'block_size': 32, 'validation_split_percentage': 10, 'cache_dir': 'cache', 'report_to': 'none'});"
             "tok = load_tokenizer(None, 'merged'); data = prepare(m, d, 42, tok, 64, Comm(ParallelState()));"

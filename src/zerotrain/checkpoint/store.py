@@ -61,6 +61,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -161,6 +166,7 @@ class CheckpointWriter:
         for entry in sorted(self.staging.iterdir()):
             if entry.name.endswith(".tmp") or not entry.is_file():
                 continue  # a save interrupted before its rename: never part of the checkpoint
+            _fsync_file(entry)  # files written straight into the folder (save_checkpoint's extra_files)
             files[entry.name] = {"size": entry.stat().st_size, "sha256": _sha256(entry)}
         manifest = {"format": _FORMAT, "version": 1, "tag": self.tag, "files": files}
         _write_atomic(self.staging / MANIFEST,

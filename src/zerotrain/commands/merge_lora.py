@@ -18,8 +18,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..trainer import lora, models
-    from ..trainer.tokenizer import load_tokenizer
+    from ..trainer.data.tokenizer import load_tokenizer
+    from ..trainer.model import build as models
+    from ..trainer.model import lora
 
     adapter = Path(args.adapter_dir).expanduser()
     meta, _ = lora.read_adapter(adapter)

@@ -61,7 +61,7 @@ def collect(args: argparse.Namespace) -> tuple[dict, dict]:
 def _precheck(model_args, data_args, train_args, explicit: set[str], nproc: int) -> None:
     """What can fail without a rank: fail here, before torchrun starts anything."""
     from ..config import load_config
-    from ..trainer.checkpoints import check_output_dir
+    from ..trainer.loop.run_folder import check_output_dir
     from ..trainer.ds_config import build_deepspeed_config, fill_schedule
 
     check_output_dir(Path(train_args.output_dir).expanduser(), train_args.overwrite_output_dir,

@@ -87,7 +87,7 @@ def _load_module(engine, state: dict, strict: bool) -> None:
                               f"unexpected keys {unexpected[:5]}; pass load_module_strict=False to ignore")
 
 
-def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
@@ -115,6 +115,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "strategy": engine.strategy.state_dict(),
             })
         writer.save(f"rng_rank{comm.rank}.pt", _rng_state())
+        if extra_files is not None:  # e.g. the trainer's model folder files: inside the manifest
+            extra_files(writer.staging)
     return True
 
 

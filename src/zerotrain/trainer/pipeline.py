@@ -7,8 +7,6 @@ the model must hold, the seed is set before any weight is drawn, and LoRA goes o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..comm import Comm, init_parallel
 from ..errors import ConfigError
 from .args import DataArguments, ModelArguments, TrainingArguments
@@ -16,14 +14,14 @@ from .args import DataArguments, ModelArguments, TrainingArguments
 
 def run(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments,
         explicit: set[str] | None = None, callbacks=()) -> dict:
-    from . import models
-    from .data import prepare
-    from .tokenizer import load_tokenizer
-    from .trainer import Trainer, set_seed
+    from .data.prepare import prepare
+    from .data.tokenizer import load_tokenizer
+    from .loop.trainer import Trainer, set_seed
+    from .model import build as models
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
-    positions = _positions_hint(model_args)
+    positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
     data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm)
     num_labels = len(data.labels) if data.labels else None
     set_seed(train_args.seed)
@@ -36,7 +34,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
         models.init_from(model, model_args.init_from, comm.rank)
     lora_config = None
     if model_args.lora_rank > 0:
-        from .lora import apply_lora, count_parameters
+        from .model.lora import apply_lora, count_parameters
 
         family = "zerotrain" if info.kind in ("gpt", "bert") else info.config.get("model_type", "")
         lora_config = apply_lora(model, family, model_args.lora_rank, model_args.lora_alpha,
@@ -62,36 +60,3 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
                       num_labels=num_labels, block_size=data.block_size, mlm_probability=data_args.mlm_probability,
                       callbacks=callbacks, explicit=explicit)
     return trainer.train()
-
-
-def _positions_hint(model_args: ModelArguments) -> int | None:
-    """The model's position count before building it (the default block size needs it)."""
-    import json
-
-    from .models import OURS_FILE, PRESETS
-
-    spec = None
-    if model_args.model_config in PRESETS:
-        spec = PRESETS[model_args.model_config]
-    elif model_args.model_config and Path(model_args.model_config).is_file():
-        from .models import _read_mapping
-
-        spec = _read_mapping(Path(model_args.model_config))
-    elif model_args.model_name_or_path:
-        folder = Path(model_args.model_name_or_path)
-        for name in (OURS_FILE, "config.json"):
-            if (folder / name).is_file():
-                data = json.loads((folder / name).read_text(encoding="utf-8"))
-                spec = data.get("config", data)
-                break
-    if not spec:
-        return None
-    for key in ("n_positions", "max_position_embeddings"):
-        if key in spec:
-            return int(spec[key])
-    from ..models import BertConfig, GPTConfig
-
-    kind = spec.get("zerotrain_model")
-    if kind in ("gpt", "bert"):
-        return (GPTConfig if kind == "gpt" else BertConfig)().n_positions
-    return None  # an HF config without the key: checked once the model is built

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import DataError
+from ...errors import DataError
 
 MEGABATCH = 50  # global batches sorted together, as HF's length-grouped sampler does
 

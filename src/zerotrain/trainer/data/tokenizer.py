@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>"}
 

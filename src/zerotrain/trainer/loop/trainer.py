@@ -3,13 +3,18 @@
     Trainer(model, args, train_dataset, eval_dataset, ...).train()
 
     build:  join the process group (ddp_timeout) -> DeepSpeed config from the args (ds_config.py)
-            -> zerotrain.initialize -> sampler and loaders (sampler.py)
-    loop:   for each micro-batch: engine(batch) -> engine.backward -> engine.step
-            at each optimizer step: one all-reduce of (loss, tokens) -> log / evaluate / save
+            -> zerotrain.initialize -> sampler and loader (data/sampler.py)
+    loop:   for each micro-batch: engine(batch) -> engine.backward -> engine.step (step.py)
+            at each optimizer step: one all-reduce of (loss, micro-batches, tokens) -> log / evaluate / save
     end:    final evaluation, model (or adapter) + tokenizer to output_dir, summary table
 
-Curriculum, layer drop and ZeRO come from the DeepSpeed config and act inside the engine;
-the trainer only reads their state (seqlen, theta) for the logs.
+Curriculum, layer drop and ZeRO come from the DeepSpeed config and act inside the engine; the
+trainer logs whatever the engine's features report (`log_fields`) without naming any of them.
+
+    tokens        features.batch.count_tokens of every training forward (after any curriculum
+                  cut, padding left out), summed over all ranks: the token budget's count too
+    tokens_per_s  those tokens / seconds spent training; evaluation and checkpoint saves are
+                  left out (an eval record carries its own eval_runtime)
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import dataclasses
 import json
 import math
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,18 +31,20 @@ from torch.utils.data import DataLoader
 
 import zerotrain
 
-from ..comm import Comm, init_parallel
-from ..errors import ConfigError, DataError, NonFiniteStepsError
-from ..schedules import get_scheduler, resolve_warmup_steps
-from . import checkpoints as ckpt
-from .args import TrainingArguments
-from .data import Collator, mask_tokens
-from .ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
-from .forward import Batches, decay_groups, forward_keys, UnusedParameterCheck
-from .metrics import MetricsLog, eval_sums, finish, logits_of
-from .models import ModelInfo, enable_gradient_checkpointing
-from .progress import Progress, summary_table
-from .sampler import EvalSampler, TrainSampler
+from ...comm import Comm, init_parallel
+from ...errors import ConfigError, DataError, NonFiniteStepsError
+from ...schedules import get_scheduler, resolve_warmup_steps
+from ..args import TrainingArguments
+from ..data.collate import Collator
+from ..data.sampler import TrainSampler
+from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
+from ..model.build import ModelInfo
+from ..model.gradient_checkpointing import enable_gradient_checkpointing
+from ..report.metrics_log import MetricsLog
+from ..report.progress import Progress, summary_table
+from . import run_folder
+from .evaluate import evaluate
+from .step import MicroBatches, TrainClock, UnusedParameterCheck, decay_groups
 
 
 def set_seed(seed: int) -> None:
@@ -71,9 +77,9 @@ class Trainer:
         self.rank0 = self.comm.rank == 0
         self.output_dir = Path(args.output_dir).expanduser()
         resuming = bool(args.resume_from_checkpoint)
-        ckpt.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
+        run_folder.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
         if resuming:
-            ckpt.resolve_resume(args.resume_from_checkpoint, self.output_dir)
+            run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
         world = self.comm.world_size
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
                                                        world, self.info.hidden_size, block_size or 0)
@@ -91,12 +97,11 @@ class Trainer:
         self.comm.barrier()  # every rank has checked before rank 0 touches anything
         if self.rank0:
             if args.overwrite_output_dir and not resuming:
-                ckpt.clear_previous_run(self.output_dir)
+                run_folder.clear_previous_run(self.output_dir)
             self.output_dir.mkdir(parents=True, exist_ok=True)
         set_seed(args.seed)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        self.keys = forward_keys(model)
         self.steps_per_epoch = self.micro_per_epoch // ga
         self.total_steps = args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
@@ -119,7 +124,10 @@ class Trainer:
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
         self.unused = UnusedParameterCheck(model) if args.ddp_find_unused_parameters is False else None
-        self.epoch, self.micro_in_epoch, self.tokens, self.train_time = 0, 0, 0, 0.0
+        self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, mlm_probability)
+        self.keys = self.micro_batches.keys
+        self.clock = TrainClock()
+        self.epoch, self.micro_in_epoch, self.tokens = 0, 0, 0
         self.best_metric, self.best_checkpoint, self.last_eval = None, None, {}
         self.last_log: dict = {}
         self.history: list[dict] = []
@@ -133,8 +141,21 @@ class Trainer:
             return list(dataset["length"])
         return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
 
+    @property
+    def train_time(self) -> float:
+        return self.clock.total
+
     def epoch_progress(self) -> float:
         return round(self.epoch + self.micro_in_epoch / self.micro_per_epoch, 4)
+
+    def feature_fields(self) -> dict:
+        """What the engine's features report now (curriculum seqlen, layer-drop theta, ...)."""
+        fields = {}
+        for feature in self.engine.features:
+            fields.update(feature.log_fields(self.engine))
+        if self.engine.loss_scaler is not None:
+            fields["loss_scale"] = self.engine.loss_scale
+        return fields
 
     def _emit(self, record: dict) -> None:
         self.history.append(record)
@@ -149,9 +170,8 @@ class Trainer:
         if self.rank0:
             self.log = MetricsLog(self.output_dir, args.report_to == "tensorboard", resume_step)
         self.progress = Progress(self.total_steps, engine.global_steps, self.rank0, not args.disable_tqdm)
-        batches = Batches(self)
-        start, window_start, window_tokens = time.perf_counter(), time.perf_counter(), 0
-        window = torch.zeros(2, dtype=torch.float64)  # loss sum, micro-batches since the last log
+        self.clock = TrainClock(self.clock.total)
+        window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since the last log
         while engine.global_steps < self.total_steps and not engine.should_stop():
             self.sampler.set_epoch(self.epoch, skip=self.micro_in_epoch * args.per_device_train_batch_size)
             for batch in self.loader:
@@ -159,37 +179,32 @@ class Trainer:
                     break  # the remainder that does not fill an optimizer step
                 boundary = engine.is_gradient_accumulation_boundary()
                 try:
-                    loss, tokens = batches.train_step(batch)
+                    self.micro_batches.run(batch)
                 except NonFiniteStepsError as e:
                     self.micro_in_epoch += 1
                     folder = self.save_checkpoint()
                     raise NonFiniteStepsError(f"{e}; saved that state to {folder}", e.last_good_step) from None
                 self.micro_in_epoch += 1
-                stats = torch.tensor([loss, 1.0, tokens], dtype=torch.float64)
                 if not boundary:
-                    batches.pending += stats
                     continue
-                stats += batches.pending
-                batches.pending.zero_()
+                stats = self.micro_batches.take()
                 self.comm.all_reduce(stats)  # one small collective per optimizer step
-                window += stats[:2]
+                window += stats
                 self.tokens += int(stats[2])
-                window_tokens += int(stats[2])
                 if self.unused is not None:
                     self.unused.check(engine.global_steps)
                 step = engine.global_steps
-                fields = batches.live_fields()
+                fields = self.feature_fields()
                 if step % args.logging_steps == 0 or step == self.total_steps:
-                    elapsed = time.perf_counter() - window_start
-                    record = {"step": step, "epoch": self.epoch_progress(),
-                              "tokens": self.tokens, "loss": window[0].item() / max(window[1].item(), 1.0),
-                              "lr": engine.get_lr()[0], "grad_norm": engine.get_global_grad_norm(),
-                              "tokens_per_s": round(window_tokens / max(elapsed, 1e-9)), **fields}
+                    record = {"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens,
+                              "loss": window[0].item() / max(window[1].item(), 1.0), "lr": engine.get_lr()[0],
+                              "grad_norm": engine.get_global_grad_norm(),
+                              "tokens_per_s": round(window[2].item() / max(self.clock.lap(), 1e-9))}
+                    record.update({k: v for k, v in fields.items() if k not in record})
                     self._emit({k: v for k, v in record.items() if v is not None})
                     self.last_log = record
                     window.zero_()
-                    window_start, window_tokens = time.perf_counter(), 0
-                self.progress.step({**Progress.postfix(self.last_log), **Progress.postfix(fields)})
+                self.progress.step({**Progress.postfix(self.last_log), **Progress.postfix(fields, fields)})
                 epoch_done = self.micro_in_epoch >= self.micro_per_epoch
                 self._maybe_evaluate_and_save(step, epoch_done)
                 for cb in self.callbacks:
@@ -198,7 +213,7 @@ class Trainer:
                     break
             if self.micro_in_epoch >= self.micro_per_epoch:
                 self.epoch, self.micro_in_epoch = self.epoch + 1, 0
-        self.train_time += time.perf_counter() - start
+        self.clock.stop()
         return self._finish()
 
     def _maybe_evaluate_and_save(self, step: int, epoch_done: bool) -> None:
@@ -216,31 +231,17 @@ class Trainer:
         """Eval metrics over the whole eval set (every rank must call this)."""
         if self.eval_dataset is None:
             return {}
-        engine, args = self.engine, self.args
-        sampler = EvalSampler(len(self.eval_dataset), self.comm.rank, self.comm.world_size)
-        valid = sampler.valid()
-        loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
-                            collate_fn=self.collator, num_workers=args.dataloader_num_workers)
-        generator = torch.Generator().manual_seed(args.seed)  # the same masks at every evaluation
-        sums, pos = torch.zeros(3 + 3 * self.num_labels, dtype=torch.float64), 0
-        engine.eval()
-        with torch.no_grad():
-            for batch in loader:
-                n = len(batch["input_ids"])
-                ok = torch.tensor(valid[pos: pos + n])
-                pos += n
-                if self.task == "mlm":
-                    batch = mask_tokens(batch, self.tokenizer, self.mlm_probability, generator)
-                inputs = {k: v.to(engine.device) for k, v in batch.items() if k in self.keys and k != "labels"}
-                logits = logits_of(engine(**inputs)).cpu()
-                sums += eval_sums(self.task, logits, batch, ok, self.num_labels)
-        engine.train()
-        self.comm.all_reduce(sums)
-        metrics = finish(self.task, sums, self.num_labels)
-        self.last_eval = {"step": engine.global_steps, **metrics}
+        args = self.args
+        with self.clock.paused():
+            metrics = evaluate(self.engine, self.eval_dataset, collator=self.collator, keys=self.keys, task=self.task,
+                               num_labels=self.num_labels, batch_size=args.per_device_eval_batch_size,
+                               workers=args.dataloader_num_workers, seed=args.seed, tokenizer=self.tokenizer,
+                               mlm_probability=self.mlm_probability)
+        step = self.engine.global_steps
+        self.last_eval = {"step": step, **metrics}
         if self.plateau is not None and "eval_loss" in metrics:
             self.plateau.step(metrics["eval_loss"])
-        self._emit({"step": engine.global_steps, "epoch": self.epoch_progress(), "tokens": self.tokens, **metrics})
+        self._emit({"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens, **metrics})
         for cb in self.callbacks:
             getattr(cb, "on_evaluate", lambda t, m: None)(self, metrics)
         return metrics
@@ -249,31 +250,34 @@ class Trainer:
     def _state(self) -> dict:
         return {"epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "tokens": self.tokens,
                 "world_size": self.comm.world_size,
-                "train_time": self.train_time, "best_metric": self.best_metric,
+                "train_time": self.clock.total, "best_metric": self.best_metric,
                 "best_checkpoint": self.best_checkpoint,
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None}
 
     def save_checkpoint(self) -> Path:
+        """checkpoint-<step>: the engine's files and the model folder (save_model), published
+        together under one manifest, so a checkpoint that verifies is also a loadable model."""
         step = self.engine.global_steps
         tag = f"checkpoint-{step}"
         folder = self.output_dir / tag
         metric = self.last_eval.get("eval_loss") if self.last_eval.get("step") == step else None
         if metric is not None and (self.best_metric is None or metric < self.best_metric):
             self.best_metric, self.best_checkpoint = metric, str(folder)
-        self.engine.save_checkpoint(str(self.output_dir), tag=tag, client_state={"trainer": self._state()})
-        self.save_model(folder)
-        if self.rank0:
-            best = Path(self.best_checkpoint) if self.best_checkpoint else None
-            ckpt.rotate(self.output_dir, self.args.save_total_limit, best)
-        self.comm.barrier()
+        with self.clock.paused():
+            self.engine.save_checkpoint(str(self.output_dir), tag=tag, client_state={"trainer": self._state()},
+                                        extra_files=self.save_model)
+            if self.rank0:
+                best = Path(self.best_checkpoint) if self.best_checkpoint else None
+                run_folder.rotate(self.output_dir, self.args.save_total_limit, best)
+            self.comm.barrier()
         for cb in self.callbacks:
             getattr(cb, "on_save", lambda t, p: None)(self, folder)
         return folder
 
     def save_model(self, folder: Path | None = None) -> Path:
         """Weights (or the LoRA adapter) + tokenizer; a collective under ZeRO-3."""
-        from .lora import save_adapter
-        from .models import save_model
+        from ..model.build import save_model
+        from ..model.lora import save_adapter
 
         folder = Path(folder) if folder is not None else self.output_dir
         state = self.engine.module_state_dict()
@@ -287,7 +291,7 @@ class Trainer:
         return folder
 
     def _resume(self) -> int:
-        save_dir, tag = ckpt.resolve_resume(self.args.resume_from_checkpoint, self.output_dir)
+        save_dir, tag = run_folder.resolve_resume(self.args.resume_from_checkpoint, self.output_dir)
         path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
         state = (client or {}).get("trainer")
         if path is None or state is None:
@@ -299,8 +303,8 @@ class Trainer:
                               f"has {self.comm.world_size}; resume with --nproc_per_node {written_by} (its position "
                               "in the epoch exists only for that count)")
         self.epoch, self.micro_in_epoch, self.tokens = state["epoch"], state["micro_in_epoch"], state["tokens"]
-        self.train_time, self.best_metric = state["train_time"], state["best_metric"]
-        self.best_checkpoint = state["best_checkpoint"]
+        self.clock = TrainClock(state["train_time"])
+        self.best_metric, self.best_checkpoint = state["best_metric"], state["best_checkpoint"]
         if self.plateau is not None and state.get("plateau") is not None:
             self.plateau.load_state_dict(state["plateau"])
         if self.rank0:

@@ -1,4 +1,4 @@
-"""From data files to tokenized train / eval datasets, cached on disk, and the batch collators.
+"""From data files to tokenized train / eval datasets, cached on disk.
 
     read (readers.py) ─► hold out validation_split_percentage ─► map(tokenize, num_proc=N)
         clm / mlm:        concatenate every row's tokens, cut into block_size chunks
@@ -19,9 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from ..errors import ConfigError, DataError
+from ...errors import ConfigError, DataError
 from .readers import fingerprint_source, read_table, require_columns
 
 CACHE_VERSION = 1
@@ -204,48 +202,3 @@ def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | No
     if held is not None and data_args.max_eval_samples is not None:
         held = held.select(range(min(data_args.max_eval_samples, len(held))))
     return PreparedData(train, held, meta["labels"], block_size)
-
-
-# ---- batches -------------------------------------------------------------------------------
-class Collator:
-    """Pads a list of samples into tensors: input_ids, attention_mask, labels (-100 at padding
-    for clm; class ids for classification). MLM masking happens later, in the main process,
-    so it draws from the RNG the checkpoints restore."""
-
-    def __init__(self, task: str, pad_id: int | None):
-        self.task = task
-        self.pad_id = 0 if pad_id is None else pad_id
-
-    def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
-        longest = max(len(s["input_ids"]) for s in samples)
-        ids = torch.full((len(samples), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(samples), longest), dtype=torch.long)
-        for i, s in enumerate(samples):
-            row = torch.as_tensor(s["input_ids"], dtype=torch.long)
-            ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        batch = {"input_ids": ids, "attention_mask": mask}
-        if self.task == "classification":
-            batch["labels"] = torch.as_tensor([s["labels"] for s in samples], dtype=torch.long)
-        elif self.task == "clm":
-            batch["labels"] = ids.masked_fill(mask == 0, -100)
-        return batch
-
-
-def mask_tokens(batch: dict, tokenizer, probability: float, generator: torch.Generator | None = None) -> dict:
-    """BERT masking: pick `probability` of the real tokens; of those 80% -> mask, 10% -> a
-    random token, 10% unchanged. Labels hold the original id at picked positions, else -100."""
-    if tokenizer.mask_token_id is None:
-        raise ConfigError("task mlm needs a tokenizer with a mask token")
-    ids = batch["input_ids"].clone()
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    for tid in set(tokenizer.all_special_ids):
-        special |= ids == tid
-    candidates = (batch["attention_mask"] == 1) & ~special
-    picked = (torch.rand(ids.shape, generator=generator) < probability) & candidates
-    labels = ids.masked_fill(~picked, -100)
-    r = torch.rand(ids.shape, generator=generator)
-    ids[picked & (r < 0.8)] = tokenizer.mask_token_id
-    swap = picked & (r >= 0.8) & (r < 0.9)
-    ids[swap] = torch.randint(len(tokenizer), ids.shape, generator=generator)[swap]
-    return {**batch, "input_ids": ids, "labels": labels}

@@ -1,4 +1,4 @@
-"""Evaluation metrics from logits, and where logged numbers go (metrics.jsonl, TensorBoard).
+"""Evaluation: one pass over the eval set on every rank, and the metrics it reports.
 
 Each rank turns its eval batches into a vector of sums (loss, counted tokens or samples,
 correct predictions, per-class true/false positives and false negatives); one all-reduce of
@@ -11,15 +11,15 @@ that vector gives exact job-wide numbers however the eval set was split.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
+import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
-METRICS_FILE = "metrics.jsonl"
-TB_FOLDER = "tensorboard"
+from ..data.collate import mask_tokens
+from ..data.sampler import EvalSampler
 
 
 def logits_of(output) -> torch.Tensor:
@@ -71,48 +71,30 @@ def finish(task: str, sums: torch.Tensor, num_labels: int) -> dict[str, float]:
     return out
 
 
-class MetricsLog:
-    """Rank 0's sinks: one JSON object per line in metrics.jsonl, and TensorBoard scalars."""
-
-    def __init__(self, output_dir: Path, tensorboard: bool, resume_step: int | None):
-        self.path = output_dir / METRICS_FILE
-        kept = []
-        if resume_step is not None and self.path.is_file():  # drop what the killed run logged later
-            kept = [json.dumps(r) for r in _records(self.path) if r.get("step", 0) <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        self.tb = None
-        if tensorboard:
-            from .tensorboard import EventWriter
-
-            self.tb = EventWriter(output_dir / TB_FOLDER)
-
-    def write(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
-            self.tb.add_scalars(int(record["step"]), scalars)
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        from ..errors import DataError
-
-        raise DataError(f"{path}: not found; pass the output_dir of a `zerotrain train` run")
-    return _records(path)
-
-
-def _records(path: Path) -> list[dict]:
-    """The JSON lines of a metrics file; a line torn by a killed run is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+def evaluate(engine, dataset, *, collator, keys, task: str, num_labels: int, batch_size: int, workers: int,
+             seed: int, tokenizer=None, mlm_probability: float = 0.15) -> dict[str, float]:
+    """Eval metrics over the whole set, the same on every rank (every rank must call this: the
+    eval sampler pads each rank to the same number of forwards, which ZeRO-3's gathers need).
+    `eval_runtime` is the pass's seconds, which training's tokens_per_s leaves out."""
+    start = time.perf_counter()
+    comm = engine.comm
+    sampler = EvalSampler(len(dataset), comm.rank, comm.world_size)
+    valid = sampler.valid()
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator, num_workers=workers)
+    generator = torch.Generator().manual_seed(seed)  # the same masks at every evaluation
+    sums, pos = torch.zeros(3 + 3 * num_labels, dtype=torch.float64), 0
+    engine.eval()
+    with torch.no_grad():
+        for batch in loader:
+            n = len(batch["input_ids"])
+            ok = torch.tensor(valid[pos: pos + n])
+            pos += n
+            if task == "mlm":
+                batch = mask_tokens(batch, tokenizer, mlm_probability, generator)
+            inputs = {k: v.to(engine.device) for k, v in batch.items() if k in keys and k != "labels"}
+            logits = logits_of(engine(**inputs)).cpu()
+            sums += eval_sums(task, logits, batch, ok, num_labels)
+    engine.train()
+    comm.all_reduce(sums)
+    metrics = finish(task, sums, num_labels)
+    return {**metrics, "eval_runtime": round(time.perf_counter() - start, 3)} if metrics else metrics

@@ -1,8 +1,8 @@
 """The run folder: refusing to overwrite, resuming, and keeping only save_total_limit checkpoints.
 
     output_dir/
-        checkpoint-<step>/   engine checkpoint (model_states.pt, optim_rank*.pt, rng_rank*.pt,
-                             manifest.json) + model weights or adapter + tokenizer
+        checkpoint-<step>/   engine checkpoint (model_states.pt, optim_rank*.pt, rng_rank*.pt)
+                             + model weights or adapter + tokenizer, all in its manifest.json
         latest               the newest complete checkpoint's folder name
         metrics.jsonl        one record per logging / eval step
         tensorboard/         the same numbers as TensorBoard scalars
@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError
+from ...errors import CheckpointError, ConfigError
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # What a run writes at the top of output_dir; --overwrite_output_dir clears only these.

@@ -10,10 +10,11 @@ from trainer_helpers import lines, write_text
 
 from zerotrain.comm import Comm, ParallelState
 from zerotrain.errors import ConfigError, DataError
-from zerotrain.trainer import data as tdata
+from zerotrain.trainer.data import prepare as tdata
+from zerotrain.trainer.data.collate import mask_tokens
 from zerotrain.trainer.args import DataArguments, ModelArguments
-from zerotrain.trainer.readers import read_table
-from zerotrain.trainer.tokenizer import byte_tokenizer
+from zerotrain.trainer.data.readers import read_table
+from zerotrain.trainer.data.tokenizer import byte_tokenizer
 
 COMM = Comm(ParallelState())
 
@@ -187,7 +188,7 @@ def test_mlm_masking_rates(tmp_path):
     tok = byte_tokenizer()
     ids = torch.randint(0, 256, (64, 64))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    out = tdata.mask_tokens(batch, tok, 0.15, torch.Generator().manual_seed(0))
+    out = mask_tokens(batch, tok, 0.15, torch.Generator().manual_seed(0))
     picked = out["labels"] != -100
     assert 0.13 < picked.float().mean() < 0.17
     assert torch.equal(out["labels"][picked], ids[picked])

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
+from ...errors import ConfigError
+from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
 
 log = logging.getLogger("zerotrain")
 
@@ -141,7 +141,7 @@ def build_model(model_name_or_path: str | None, model_config: str | None, task: 
     else:
         path = Path(model_config).expanduser()
         if not path.is_file():
-            from ..errors import did_you_mean
+            from ...errors import did_you_mean
 
             raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
                               f"existing file{did_you_mean(model_config, PRESETS)}")
@@ -158,7 +158,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Model weights of a folder we or HF wrote, or of a training checkpoint (stages 0-2)."""
     from safetensors.torch import load_file
 
-    from ..checkpoint.store import load_file as load_checkpoint_file
+    from ...checkpoint.store import load_file as load_checkpoint_file
 
     if (folder / WEIGHTS_FILE).is_file():
         return load_file(str(folder / WEIGHTS_FILE))
@@ -241,44 +241,26 @@ def save_model(folder: Path, model: nn.Module, info: ModelInfo, state: dict, tok
         tokenizer.save_pretrained(str(folder))
 
 
-# ---- gradient checkpointing ----------------------------------------------------------------
-_CHECKPOINTED: dict[type, type] = {}
-
-
-def _checkpointed_class(cls: type) -> type:
-    """A subclass whose __call__ runs under torch.utils.checkpoint. Changing the block's class
-    (not wrapping it) keeps parameter names, and the module hooks (ZeRO-3 gathers) run inside
-    the checkpointed call, so the recompute in backward gathers again."""
-
-    def __call__(self, *args, **kwargs):
-        if not (self.training and torch.is_grad_enabled()):
-            return cls.__call__(self, *args, **kwargs)
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(cls.__call__, self, *args, use_reentrant=False, **kwargs)
-
-    if cls not in _CHECKPOINTED:
-        _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": __call__})
-    return _CHECKPOINTED[cls]
-
-
-def enable_gradient_checkpointing(model: nn.Module) -> int:
-    """Recompute every transformer block in backward; returns the number of blocks."""
-    from ..features.layer_drop import find
-
-    lists = find(model)
-    if not lists:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
-        if hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
-        raise ConfigError(f"gradient_checkpointing: {type(model).__name__} has no block list zerotrain knows; "
-                          "use a zerotrain or HF model")
-    count = 0
-    for blocks in lists:
-        for block in blocks._modules.values():
-            block.__class__ = _checkpointed_class(type(block))
-            count += 1
-    return count
+def positions_hint(model_name_or_path: str | None, model_config: str | None) -> int | None:
+    """The model's position count before building it (the default block size needs it)."""
+    spec = None
+    if model_config in PRESETS:
+        spec = PRESETS[model_config]
+    elif model_config and Path(model_config).is_file():
+        spec = _read_mapping(Path(model_config))
+    elif model_name_or_path:
+        folder = Path(model_name_or_path)
+        for name in (OURS_FILE, "config.json"):
+            if (folder / name).is_file():
+                data = json.loads((folder / name).read_text(encoding="utf-8"))
+                spec = data.get("config", data)
+                break
+    if not spec:
+        return None
+    for key in ("n_positions", "max_position_embeddings"):
+        if key in spec:
+            return int(spec[key])
+    kind = spec.get("zerotrain_model")
+    if kind in ("gpt", "bert"):
+        return (GPTConfig if kind == "gpt" else BertConfig)().n_positions
+    return None  # an HF config without the key: checked once the model is built

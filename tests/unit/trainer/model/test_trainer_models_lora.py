@@ -9,9 +9,10 @@ import torch
 from trainer_helpers import Capture, options, run, write_classification
 
 from zerotrain.errors import ConfigError
-from zerotrain.trainer import lora, models
-from zerotrain.trainer.metrics import finish
-from zerotrain.trainer.tokenizer import byte_tokenizer
+from zerotrain.trainer.data.tokenizer import byte_tokenizer
+from zerotrain.trainer.loop.evaluate import finish
+from zerotrain.trainer.model import build as models
+from zerotrain.trainer.model import lora
 
 
 @pytest.mark.parametrize("preset, task, cls", [

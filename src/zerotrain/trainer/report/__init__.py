@@ -1,0 +1,2 @@
+"""What a run shows and writes: metrics.jsonl and TensorBoard (metrics_log, tensorboard), the
+progress bar and summary table (progress), and the PNG of its curves (plot)."""
