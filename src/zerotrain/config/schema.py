@@ -354,6 +354,14 @@ class DataEfficiencyConfig(Block):
 # --------------------------------------------------------------------------- top level
 
 
+class CheckpointConfig(Block):
+    """DeepSpeed's `checkpoint` block; zerotrain acts on node-local storage only."""
+
+    use_node_local_storage: bool = Field(
+        False, description="Each node writes and reads its own ranks' checkpoint files under its own save_dir "
+                           "(clusters without shared storage); local rank 0 of each node writes the shared files.")
+
+
 class ZeroTrainConfig(Block):
     """The whole config. The loader fills the three batch sizes, so they are ints after load_config."""
 
@@ -380,6 +388,7 @@ class ZeroTrainConfig(Block):
     progressive_layer_drop: PLDConfig | None = Field(None, description="Progressive layer drop.")
     data_efficiency: DataEfficiencyConfig | None = Field(None, description="Data sampling and routing.")
     token_budget: TokenBudgetConfig | None = Field(None, description="Token counting, token budget and token-based LR decay.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Where checkpoint files go.")
     zero_allow_untested_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
     zero_force_ds_cpu_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
 

@@ -1,6 +1,6 @@
-"""`zerotrain train` on one rank: tokenizer -> model -> data -> LoRA -> Trainer.
+"""`zerotrain train` on one rank: preflight -> tokenizer -> data -> model -> LoRA -> Trainer.
 
-The order matters: the data sets the number of labels a classifier needs and the block size
+The options and the DeepSpeed config are checked first, before anything is loaded. The order matters: the data sets the number of labels a classifier needs and the block size
 the model must hold, the seed is set before any weight is drawn, and LoRA goes on after
 `init_from` so the adapter sits on the loaded weights.
 """
@@ -19,7 +19,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     from .loop.trainer import Trainer, set_seed
     from .model import build as models
 
+    from .preflight import check_nodes, preflight
+
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
+    check_nodes(comm)
+    preflight(model_args, data_args, train_args, explicit if explicit is not None else set(), comm.world_size)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
     positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
     data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm)
@@ -44,19 +48,19 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
         if comm.rank == 0:
             print(f"LoRA rank {model_args.lora_rank} on {', '.join(lora_config['target_modules'])}: "
                   f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%)", flush=True)
-    elif model_args.modules_to_save:
-        raise ConfigError("modules_to_save needs LoRA: set --lora_rank > 0")
+    train = data.train if train_args.do_train is not False else None
     if comm.rank == 0:
-        n = sum(p.numel() for p in model.parameters())
-        print(f"model {type(model).__name__} ({n / 1e6:.2f}M parameters), task {model_args.task}, "
-              f"{len(data.train)} training samples of up to {data.block_size} tokens"
-              f"{f', {len(data.eval)} eval samples' if data.eval is not None else ''}, "
-              f"{comm.world_size} process{'es' if comm.world_size > 1 else ''}", flush=True)
-    if train_args.eval_strategy != "no" and data.eval is None:
-        raise ConfigError(f"eval_strategy {train_args.eval_strategy} needs evaluation data: pass --validation_file "
-                          "or a validation_split_percentage that leaves at least one sample")
-    trainer = Trainer(model, train_args, data.train, data.eval, task=model_args.task, tokenizer=tokenizer,
+        counts = [f"{len(ds)} {name} samples" for name, ds in (("training", train), ("eval", data.eval),
+                                                                ("test", data.test)) if ds is not None]
+        print(f"data: {', '.join(counts)} of up to {data.block_size} tokens", flush=True)
+        for note in data.notes:
+            print(f"zerotrain: note: {note}", flush=True)
+    if (train_args.eval_strategy != "no" or train_args.do_eval) and data.eval is None:
+        what = f"eval_strategy {train_args.eval_strategy}" if train_args.eval_strategy != "no" else "do_eval"
+        raise ConfigError(f"{what} needs evaluation data: pass --validation_file or a validation_split_percentage "
+                          "that leaves at least one sample")
+    trainer = Trainer(model, train_args, train, data.eval, task=model_args.task, tokenizer=tokenizer,
                       model_info=info, lora_config=lora_config, base_model=model_args.model_name_or_path,
                       num_labels=num_labels, block_size=data.block_size, mlm_probability=data_args.mlm_probability,
-                      callbacks=callbacks, explicit=explicit)
+                      callbacks=callbacks, explicit=explicit, test_dataset=data.test, label_names=data.labels)
     return trainer.train()

@@ -8,9 +8,11 @@ from ...errors import ConfigError
 
 
 class Collator:
-    """Pads a list of samples into tensors: input_ids, attention_mask, labels (-100 at padding
-    for clm; class ids for classification). MLM masking happens later, in the main process,
-    so it draws from the RNG the checkpoints restore."""
+    """Pads a list of samples into tensors: input_ids, attention_mask, labels (clm: the ids, -100
+    at padding; sft: the sample's labels, -100 at padding; classification: class ids). Packed
+    sft samples carry position_ids instead of a mask (see packing.py); padding then gets
+    positions of its own, so no real token attends to it. MLM masking happens later, in the
+    main process, so it draws from the RNG the checkpoints restore."""
 
     def __init__(self, task: str, pad_id: int | None):
         self.task = task
@@ -29,6 +31,18 @@ class Collator:
             batch["labels"] = torch.as_tensor([s["labels"] for s in samples], dtype=torch.long)
         elif self.task == "clm":
             batch["labels"] = ids.masked_fill(mask == 0, -100)
+        elif self.task == "sft":
+            labels = torch.full_like(ids, -100)
+            for i, s in enumerate(samples):
+                labels[i, : len(s["labels"])] = torch.as_tensor(s["labels"], dtype=torch.long)
+            batch["labels"] = labels
+            if "position_ids" in samples[0]:
+                positions = torch.arange(longest).repeat(len(samples), 1)
+                for i, s in enumerate(samples):
+                    positions[i, : len(s["position_ids"])] = torch.as_tensor(s["position_ids"], dtype=torch.long)
+                    positions[i, len(s["position_ids"]):] -= len(s["position_ids"])
+                batch["position_ids"] = positions
+                del batch["attention_mask"]
         return batch
 
 

@@ -4,6 +4,8 @@
         clm / mlm:        concatenate every row's tokens, cut into block_size chunks
         line_by_line:     one truncated sequence per row
         classification:   one truncated sequence per row + its label id
+        sft:              one conversation per row, labels on the assistant's tokens (chat.py),
+                          --packing: several per block (packing.py)
     ─► save_to_disk(cache_dir/<key>)   key = hash of the data bytes, the tokenizer and these options
 
 Rank 0 does the work while the others wait, then every rank memory-maps the cached result;
@@ -16,21 +18,23 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ConfigError, DataError
 from .readers import fingerprint_source, read_table, require_columns
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass
 class PreparedData:
-    train: object  # datasets.Dataset
+    train: object | None  # datasets.Dataset; None when only evaluating from a validation file
     eval: object | None
     labels: list | None  # classification: the label names, index = class id
     block_size: int
+    test: object | None = None
+    notes: list = field(default_factory=list)  # lines to show once (rows left out, and why)
 
 
 def default_cache_dir() -> Path:
@@ -102,68 +106,133 @@ def _tokenize_fn(tokenizer, task: str, text_column: str, label_column: str, bloc
     return tokenize
 
 
-def _process(ds, fn, workers: int | None, what: str, key: str):
+def _process(ds, fn, workers: int | None, what: str, key: str, with_indices: bool = False):
+    """Tokenized rows, and how many came out empty (dropped)."""
     # Concatenation happens within each map batch, so large batches keep few tail tokens.
     # Our cache key names the result, so datasets need not hash the tokenizer closure.
     out = ds.map(fn, batched=True, batch_size=2000, num_proc=workers if workers and workers > 1 else None,
-                 remove_columns=ds.column_names, desc=f"tokenizing {what}", new_fingerprint=f"{key}-{what}")
+                 with_indices=with_indices, remove_columns=ds.column_names, desc=f"tokenizing {what}",
+                 new_fingerprint=f"{key}-{what}")
     if not len(out):
-        return out
-    return out.filter(lambda n: n > 0, input_columns="length", new_fingerprint=f"{key}-{what}-nonempty")
+        return out, 0
+    kept = out.filter(lambda n: n > 0, input_columns="length", new_fingerprint=f"{key}-{what}-nonempty")
+    return kept, len(out) - len(kept)
+
+
+def _check_text(ds, column: str, what: str, path: str) -> None:
+    """A column read as text must hold text: a list of messages would train on its repr."""
+    import datasets
+
+    feature = ds.features[column]
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null"):
+        return
+    kind = f"{feature.dtype} values" if isinstance(feature, datasets.Value) else \
+        f"{type(feature).__name__.lower()} values ({feature})"
+    hint = "; conversations train with --task sft" if not isinstance(feature, datasets.Value) else ""
+    raise DataError(f"{what} {path}: column {column!r} holds {kind[:120]}, not text{hint}")
+
+
+def _read_sources(data_args, seed: int):
+    """(train, validation, test) tables (None when absent) and whether rows are documents (not
+    lines of a .txt file): the training file's answer, which every split follows."""
+    train = held = test = None
+    documents = True
+    if data_args.train_file:
+        train, documents = read_table(data_args.train_file, "train_file", data_args.text_column)
+        train, held = _split(train, "train_file", data_args.train_file)
+    if data_args.validation_file:
+        held, held_documents = read_table(data_args.validation_file, "validation_file", data_args.text_column)
+        held, _ = _split(held, "validation_file", data_args.validation_file)
+        documents = documents if train is not None else held_documents
+    elif held is None and train is not None and data_args.validation_split_percentage > 0:
+        n_eval = int(len(train) * data_args.validation_split_percentage / 100)
+        if n_eval > 0 and len(train) - n_eval > 0:
+            parts = train.train_test_split(test_size=n_eval, seed=seed, shuffle=True)
+            train, held = parts["train"], parts["test"]
+    if data_args.test_file:
+        test, _ = _split(read_table(data_args.test_file, "test_file", data_args.text_column)[0],
+                         "test_file", data_args.test_file)
+    return {"train": train, "validation": held, "test": test}, documents
+
+
+_WHAT = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
 
 
 def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target: Path, key: str) -> None:
     import datasets
 
+    from .chat import detect_format, sft_tokenize_fn
+    from .packing import pack
+
     datasets.disable_progress_bars()
     task = model_args.task
-    train, documents = read_table(data_args.train_file, "train_file", data_args.text_column)
-    train, held = _split(train, "train_file", data_args.train_file)
-    needed = [data_args.text_column] + ([data_args.label_column] if task == "classification" else [])
-    require_columns(train, needed, "train_file", data_args.train_file)
-    if data_args.validation_file:
-        held, _ = _split(read_table(data_args.validation_file, "validation_file", data_args.text_column)[0],
-                         "validation_file", data_args.validation_file)
-        require_columns(held, needed, "validation_file", data_args.validation_file)
-    elif held is None and data_args.validation_split_percentage > 0:
-        n_eval = int(len(train) * data_args.validation_split_percentage / 100)
-        if n_eval > 0 and len(train) - n_eval > 0:
-            parts = train.train_test_split(test_size=n_eval, seed=seed, shuffle=True)
-            train, held = parts["train"], parts["test"]
+    tables, documents = _read_sources(data_args, seed)
+    path_of = {split: getattr(data_args, _WHAT[split]) or data_args.train_file for split in tables}
+    formats = {}
+    for split, ds in tables.items():
+        if ds is None:
+            continue
+        if task == "sft":
+            formats[split] = detect_format(ds.column_names, data_args.sft_format, _WHAT[split], path_of[split])
+            continue
+        needed = [data_args.text_column] + ([data_args.label_column] if task == "classification" else [])
+        require_columns(ds, needed, _WHAT[split], path_of[split])
+        _check_text(ds, data_args.text_column, _WHAT[split], path_of[split])
     labels = None
     if task == "classification":
-        labels = _label_ids(train, data_args.label_column, data_args.train_file)
-        if held is not None:
-            unknown = {str(v) if not isinstance(v, int) else v for v in held[data_args.label_column]} - set(labels)
-            if unknown:
-                raise DataError(f"validation data has labels not seen in training: {sorted(map(str, unknown))[:5]}")
+        source = "train" if tables["train"] is not None else "validation"
+        labels = _label_ids(tables[source], data_args.label_column, path_of[source])
+        for split in ("validation", "test"):
+            if tables[split] is not None and source != split:
+                seen = {str(v) if not isinstance(v, int) else v for v in tables[split][data_args.label_column]}
+                if seen - set(labels):
+                    raise DataError(f"{_WHAT[split]} {path_of[split]}: labels not seen in training: "
+                                    f"{sorted(map(str, seen - set(labels)))[:5]}")
     index = {v: i for i, v in enumerate(labels)} if labels is not None else None
-    fn = _tokenize_fn(tokenizer, task, data_args.text_column, data_args.label_column, block_size,
-                      data_args.line_by_line, documents, index)
     workers = data_args.preprocessing_num_workers
-    train = _process(train, fn, workers, "train", key)
-    if len(train) == 0:
-        unit = "chunk of block_size tokens" if task != "classification" and not data_args.line_by_line else "text"
-        raise DataError(f"train_file {data_args.train_file}: no training samples after tokenization (not one "
-                        f"{unit}); add data or lower --block_size")
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    train.save_to_disk(str(tmp / "train"))
-    if held is not None:
-        held = _process(held, fn, workers, "validation", key)
-        if len(held):
-            held.save_to_disk(str(tmp / "validation"))
-    (tmp / "meta.json").write_text(json.dumps({"labels": labels, "block_size": block_size}), encoding="utf-8")
+    dropped = {}
+    for split, ds in tables.items():
+        if ds is None:
+            continue
+        if task == "sft":
+            fn = sft_tokenize_fn(tokenizer, formats[split], data_args.chat_template, data_args.train_on_prompt,
+                                 block_size, _WHAT[split], path_of[split])
+            out, dropped[split] = _process(ds, fn, workers, split, key, with_indices=True)
+            if data_args.packing and len(out):
+                out = out.map(pack, batched=True, batch_size=2000, fn_kwargs={"block_size": block_size},
+                              remove_columns=out.column_names, new_fingerprint=f"{key}-{split}-packed")
+        else:
+            fn = _tokenize_fn(tokenizer, task, data_args.text_column, data_args.label_column, block_size,
+                              data_args.line_by_line, documents, index)
+            out, _ = _process(ds, fn, workers, split, key)
+        if split == "train" and len(out) == 0:
+            unit = ("conversation with an assistant token within block_size" if task == "sft" else
+                    "chunk of block_size tokens" if task != "classification" and not data_args.line_by_line
+                    else "text")
+            raise DataError(f"train_file {data_args.train_file}: no training samples after tokenization (not one "
+                            f"{unit}); add data or {'raise' if task == 'sft' else 'lower'} --block_size")
+        if len(out):
+            out.save_to_disk(str(tmp / split))
+    (tmp / "meta.json").write_text(json.dumps({"labels": labels, "block_size": block_size, "dropped": dropped}),
+                                   encoding="utf-8")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
 
 
 def cache_key(model_args, data_args, seed: int, tokenizer, block_size: int) -> str:
+    from .chat import template_text
+
+    source = lambda name: fingerprint_source(getattr(data_args, name)) if getattr(data_args, name) else None  # noqa: E731
     parts = {"v": CACHE_VERSION, "task": model_args.task, "block": block_size, "lbl": data_args.line_by_line,
              "text": data_args.text_column, "label": data_args.label_column, "seed": seed,
              "split": data_args.validation_split_percentage, "tok": _tokenizer_hash(tokenizer),
-             "train": fingerprint_source(data_args.train_file),
-             "val": fingerprint_source(data_args.validation_file) if data_args.validation_file else None}
+             "train": source("train_file"), "val": source("validation_file"), "test": source("test_file")}
+    if model_args.task == "sft":
+        template = template_text(data_args.chat_template) or getattr(tokenizer, "chat_template", None)
+        parts.update(fmt=data_args.sft_format, template=template, prompt=data_args.train_on_prompt,
+                     packing=data_args.packing)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -171,34 +240,44 @@ def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | No
     """Tokenized datasets for this run; every rank returns the same (memory-mapped) data."""
     import datasets
 
-    if not data_args.train_file:
+    if not (data_args.train_file or data_args.validation_file or data_args.test_file):
         raise ConfigError("train_file is required: pass --train_file PATH")
     block_size = resolve_block_size(data_args.block_size, max_positions)
     cache = Path(data_args.cache_dir).expanduser() if data_args.cache_dir else default_cache_dir()
-    answer = None  # rank 0: ("ok", cache folder) or (error class, message)
-    if comm.rank == 0:
+    def build(overwrite: bool):
+        """("ok", cache folder) or (error class, message)."""
         try:
-            for name in ("train_file", "validation_file"):
+            for name in _WHAT.values():
                 value = getattr(data_args, name)
                 if value and not Path(value).expanduser().exists():
                     raise DataError(f"{name} {value}: does not exist")
             key = cache_key(model_args, data_args, seed, tokenizer, block_size)
             target = cache / key
-            if data_args.overwrite_cache or not (target / "meta.json").is_file():
+            if overwrite or not (target / "meta.json").is_file():
                 cache.mkdir(parents=True, exist_ok=True)
                 _build(model_args, data_args, seed, tokenizer, block_size, target, key)
-            answer = ("ok", str(target))
+            return "ok", str(target)
         except (DataError, ConfigError) as e:
-            answer = (type(e).__name__, str(e))
-    kind, text = comm.all_gather_object(answer)[0]
+            return type(e).__name__, str(e)
+
+    kind, text = comm.all_gather_object(build(data_args.overwrite_cache) if comm.rank == 0 else None)[0]
+    if kind == "ok" and comm.world_size > 1:
+        # a node that cannot see rank 0's cache (node-local disks) tokenizes again for itself
+        mine = None
+        if comm.state.local_rank == 0 and comm.rank != 0 and not (Path(text) / "meta.json").is_file():
+            mine = build(False)
+        answers = comm.all_gather_object(mine)
+        kind, text = answers[comm.rank - comm.state.local_rank] or (kind, text)
+        kind, text = next((a for a in answers if a is not None and a[0] != "ok"), (kind, text))
     if kind != "ok":
         raise (DataError if kind == "DataError" else ConfigError)(text)
     target = Path(text)
     meta = json.loads((target / "meta.json").read_text(encoding="utf-8"))
-    train = datasets.load_from_disk(str(target / "train"))
-    held = datasets.load_from_disk(str(target / "validation")) if (target / "validation").is_dir() else None
-    if data_args.max_train_samples is not None:
-        train = train.select(range(min(data_args.max_train_samples, len(train))))
-    if held is not None and data_args.max_eval_samples is not None:
-        held = held.select(range(min(data_args.max_eval_samples, len(held))))
-    return PreparedData(train, held, meta["labels"], block_size)
+    loaded = {split: datasets.load_from_disk(str(target / split)) if (target / split).is_dir() else None
+              for split in _WHAT}
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
+        if loaded[split] is not None and limit is not None:
+            loaded[split] = loaded[split].select(range(min(limit, len(loaded[split]))))
+    notes = [f"{_WHAT[split]}: {n} conversation{'s' if n > 1 else ''} left out: no assistant token within "
+             f"block_size {block_size}" for split, n in meta.get("dropped", {}).items() if n]
+    return PreparedData(loaded["train"], loaded["validation"], meta["labels"], block_size, loaded["test"], notes)

@@ -22,18 +22,30 @@ from ...errors import ConfigError
 from ...features.batch import count_tokens
 from ..data.collate import mask_tokens
 
-BATCH_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids")
+BATCH_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids")
 
 
 def forward_keys(model: nn.Module) -> set[str] | frozenset:
-    """Batch keys the model's forward accepts (HF models take all of ours)."""
+    """Batch keys the model's forward accepts (HF models take all of ours), and use_cache when
+    it names that."""
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         params = {}
+    named = {name for name in params if name in (*BATCH_KEYS, "use_cache")}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and hasattr(model, "config"):
-        return frozenset(BATCH_KEYS)
-    return {name for name in params if name in BATCH_KEYS}
+        return frozenset(named | set(BATCH_KEYS))
+    return named
+
+
+def forward_inputs(batch: dict, keys, device) -> dict:
+    """The batch tensors the model takes, on its device. Packed sequences (position_ids, no
+    mask) also get use_cache=False: an HF model that builds a KV cache ignores the packing and
+    lets each example attend to the ones before it."""
+    inputs = {k: v.to(device) for k, v in batch.items() if k in keys}
+    if "position_ids" in inputs and "attention_mask" not in inputs and "use_cache" in keys:
+        inputs["use_cache"] = False
+    return inputs
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict] | None:
@@ -96,7 +108,7 @@ class MicroBatches:
         engine = self.engine
         if self.task == "mlm":
             batch = mask_tokens(batch, self.tokenizer, self.mlm_probability)
-        inputs = {k: v.to(engine.device) for k, v in batch.items() if k in self.keys}
+        inputs = forward_inputs(batch, self.keys, engine.device)
         if "labels" not in inputs:
             raise ConfigError(f"{self.name}.forward takes no labels argument; the trainer needs a "
                               "model that returns its loss from labels")

@@ -35,7 +35,7 @@ PRESETS = {
     "llama-tiny": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128},
 }
-_OURS = {"gpt": (GPTConfig, {"clm": GPT}),
+_OURS = {"gpt": (GPTConfig, {"clm": GPT, "sft": GPT}),
          "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
 
 
@@ -92,7 +92,8 @@ def _build_ours(spec: dict, task: str, tokenizer, num_labels: int | None) -> tup
 def _hf_class(task: str):
     import transformers
 
-    return {"clm": transformers.AutoModelForCausalLM, "mlm": transformers.AutoModelForMaskedLM,
+    return {"clm": transformers.AutoModelForCausalLM, "sft": transformers.AutoModelForCausalLM,
+            "mlm": transformers.AutoModelForMaskedLM,
             "classification": transformers.AutoModelForSequenceClassification}[task]
 
 
@@ -126,26 +127,34 @@ def _build_hf_from_config(spec: dict, task: str, tokenizer, num_labels: int | No
     return model, _hf_info(model, task)
 
 
-def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
-                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+def check_model_source(model_name_or_path: str | None, model_config: str | None) -> None:
+    """The model options name something that exists (checked before anything is loaded)."""
     if model_name_or_path and model_config:
         raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
                           "config, not both")
     if model_name_or_path:
-        return load_model(model_name_or_path, task, num_labels)
+        folder = Path(model_name_or_path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
+        if not (folder / OURS_FILE).is_file() and not (folder / "config.json").is_file():
+            raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
+        return
     if not model_config:
         raise ConfigError("no model: pass --model_name_or_path FOLDER or --model_config "
                           f"({', '.join(PRESETS)} or a config file)")
-    if model_config in PRESETS:
-        spec = PRESETS[model_config]
-    else:
-        path = Path(model_config).expanduser()
-        if not path.is_file():
-            from ...errors import did_you_mean
+    if model_config not in PRESETS and not Path(model_config).expanduser().is_file():
+        from ...errors import did_you_mean
 
-            raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
-                              f"existing file{did_you_mean(model_config, PRESETS)}")
-        spec = _read_mapping(path)
+        raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
+                          f"existing file{did_you_mean(model_config, PRESETS)}")
+
+
+def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
+                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    check_model_source(model_name_or_path, model_config)
+    if model_name_or_path:
+        return load_model(model_name_or_path, task, num_labels)
+    spec = PRESETS[model_config] if model_config in PRESETS else _read_mapping(Path(model_config).expanduser())
     if "zerotrain_model" in spec:
         return _build_ours(spec, task, tokenizer, num_labels)
     if "model_type" in spec:
@@ -170,9 +179,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path_text: str, task: str, num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    check_model_source(path_text, None)
     folder = Path(path_text).expanduser()
-    if not folder.is_dir():
-        raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
     if (folder / OURS_FILE).is_file():
         meta = json.loads((folder / OURS_FILE).read_text(encoding="utf-8"))
         spec = {"zerotrain_model": meta["model"], **meta["config"]}
@@ -181,8 +189,6 @@ def load_model(path_text: str, task: str, num_labels: int | None = None) -> tupl
         model, info = _build_ours(spec, task, None, None)
         load_matching(model, read_weights(folder), str(folder), strict=meta.get("task") == task)
         return model, info
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
     kwargs = {"num_labels": num_labels} if task == "classification" and num_labels else {}
     try:
         model = _hf_class(task).from_pretrained(str(folder), **kwargs)
@@ -210,10 +216,15 @@ def load_matching(model: nn.Module, state: dict, source: str, strict: bool = Fal
     return missing, unexpected
 
 
-def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+def check_init_from(path_text: str) -> Path:
     folder = Path(path_text).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"init_from {folder}: not a folder")
+    return folder
+
+
+def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+    folder = check_init_from(path_text)
     missing, unexpected = load_matching(model, read_weights(folder), str(folder))
     if rank == 0:
         print(f"init_from {folder}: loaded with strict=False\n  missing keys (newly initialised): "

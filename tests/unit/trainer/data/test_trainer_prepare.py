@@ -195,3 +195,24 @@ def test_mlm_masking_rates(tmp_path):
     masked = (out["input_ids"] == tok.mask_token_id) & picked
     assert 0.75 < masked.sum() / picked.sum() < 0.85
     assert torch.equal(out["input_ids"][~picked], ids[~picked])
+
+
+class SecondNode:
+    """Rank 1, local rank 0 of its node, whose disk does not hold rank 0's cache folder."""
+
+    def __init__(self, rank0_cache: str):
+        self.rank, self.world_size, self.state = 1, 2, ParallelState(rank=1, world_size=2, local_rank=0)
+        self.calls, self.rank0_cache = 0, rank0_cache
+
+    def all_gather_object(self, obj):
+        self.calls += 1
+        return [("ok", self.rank0_cache), obj] if self.calls == 1 else [None, obj]
+
+
+def test_a_node_that_cannot_see_rank_0s_cache_tokenizes_for_itself(tmp_path):
+    path = write_text(tmp_path / "t.txt", n=40)
+    comm = SecondNode(str(tmp_path / "elsewhere" / "abc"))
+    out = tdata.prepare(ModelArguments(), DataArguments(train_file=str(path), block_size=16,
+                                                        cache_dir=str(tmp_path / "node1")),
+                        0, byte_tokenizer(), 128, comm)
+    assert len(out.train) > 0 and comm.calls == 2 and any((tmp_path / "node1").iterdir())
