@@ -57,9 +57,10 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path):
     assert [r["step"] for r in cut if "loss" in r] == list(range(1, 31))
     assert [r["loss"] for r in cut if "loss" in r] == [r["loss"] for r in full if "loss" in r]
     assert state(tmp_path / "cut")["eval_loss"] == state(tmp_path / "full")["eval_loss"]
-    # save_total_limit 2 keeps the newest (the last step always gets one) and the best (step 20,
-    # the last one with an eval)
-    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-30"]
+    # save_total_limit 2 keeps the newest two; the last step always gets one, and with the final
+    # evaluation it is also the best (test_rotation_keeps_the_best_checkpoint: an older best stays)
+    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-28", "checkpoint-30"]
+    assert state(tmp_path / "cut")["best_checkpoint"] == "cut/checkpoint-30"
 
 
 def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):

@@ -2,15 +2,19 @@
 
 Read in this order:
 
-    args.py        the options (HF TrainingArguments names), ds_config.py the DeepSpeed config from them
-    pipeline.py    how one run is put together: tokenizer -> model -> data -> LoRA -> Trainer
+    args.py        the options (HF TrainingArguments names); hf_options.py: HF / LLaMA-Factory names
+                   mapped or refused; ds_config.py: the DeepSpeed config from the options
+    preflight.py   what the options alone decide, checked before anything is loaded
+    pipeline.py    how one run is put together: tokenizer -> data -> model -> LoRA -> Trainer
     loop/          the Trainer: its loop (trainer.py), one micro-batch and what it counts (step.py),
-                   evaluation (evaluate.py), the run folder: resume, rotation (run_folder.py)
-    data/          data files -> tokenized, cached datasets (readers, prepare), tokenizers, batches
-                   (collate), which rank trains on which sample (sampler)
+                   evaluation (evaluate.py), Ctrl-C / SIGTERM (interrupt.py), the run folder:
+                   resume, rotation, shared or node-local storage (run_folder.py)
+    data/          data files -> tokenized, cached datasets (readers, prepare), conversations and
+                   chat templates (chat), packing, tokenizers, batches (collate), which rank trains
+                   on which sample (sampler)
     model/         presets, model folders in and out (build), LoRA (lora), gradient checkpointing
-    report/        what a run shows and writes: metrics.jsonl and TensorBoard (metrics_log,
-                   tensorboard), the progress bar and summary (progress), the PNG (plot)
+    report/        what a run shows and writes: the banner, metrics.jsonl and TensorBoard
+                   (metrics_log, tensorboard), the progress bar and summary (progress), the PNG (plot)
 """
 
 from .args import DataArguments, ModelArguments, TrainingArguments

@@ -1,2 +1,3 @@
 """The training loop: the Trainer (trainer), one micro-batch and what the loop counts (step),
-evaluation (evaluate), and the run folder: overwrite checks, resume, rotation (run_folder)."""
+evaluation (evaluate), Ctrl-C and SIGTERM (interrupt), and the run folder: overwrite checks,
+resume, rotation, shared or node-local storage (run_folder)."""

@@ -7,7 +7,9 @@
                           exit code 130 (SIGINT) or 143 (SIGTERM), no traceback
 
 torchrun's agent passes a Ctrl-C on to its ranks as the same signal and gives them 30 s to
-exit; a signal while the run is still loading (nothing to save yet) is raised at once.
+exit; a signal while the run is still loading (nothing to save yet) is raised at once. The
+step that stops skips its scheduled evaluation and save (the interrupt's checkpoint replaces
+the save).
 """
 
 from __future__ import annotations

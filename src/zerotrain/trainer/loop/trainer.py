@@ -41,12 +41,12 @@ from ...errors import ConfigError, DataError, NonFiniteStepsError
 from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
-from ..data.sampler import TrainSampler
+from ..data.sampler import TrainSampler, sample_lengths
 from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
-from ..report.metrics_log import MetricsLog
+from ..report.metrics_log import MetricsLog, write_predictions
 from ..report.progress import Progress, summary_table
 from . import run_folder
 from .evaluate import evaluate
@@ -95,7 +95,7 @@ class Trainer:
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         self.micro_per_epoch, self.loader = 1, None
         if train_dataset is not None:  # None: evaluate only (do_train false)
-            lengths = self._lengths(train_dataset) if args.group_by_length else None
+            lengths = sample_lengths(train_dataset) if args.group_by_length else None
             self.sampler = TrainSampler(len(train_dataset), mb, self.comm.rank, world, args.seed, lengths)
             self.loader = DataLoader(train_dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
                                      num_workers=args.dataloader_num_workers,
@@ -164,12 +164,6 @@ class Trainer:
             print(banner(self.engine, model, task, self.total_steps, nodes), flush=True)
 
     # ---- helpers -----------------------------------------------------------------------------
-    @staticmethod
-    def _lengths(dataset) -> list[int]:
-        if hasattr(dataset, "column_names") and "length" in dataset.column_names:
-            return list(dataset["length"])
-        return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
-
     @property
     def train_time(self) -> float:
         return self.clock.total
@@ -291,7 +285,6 @@ class Trainer:
         """Eval metrics over the whole eval set (every rank must call this)."""
         if self.eval_dataset is None:
             return {}
-        args = self.args
         with self.clock.paused():
             metrics = self._evaluate(self.eval_dataset)
         step = self.engine.global_steps
@@ -316,9 +309,7 @@ class Trainer:
         predictions = [] if self.task == "classification" else None
         metrics = self._evaluate(dataset, "test", predictions)
         if self.rank0 and predictions is not None:
-            names = self.label_names
-            lines = [json.dumps({"index": i, "label": names[c] if names else c}) for i, c in enumerate(predictions)]
-            (self.output_dir / "predictions.jsonl").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+            write_predictions(self.output_dir, predictions, self.label_names)
         self._emit({"step": self.engine.global_steps, "tokens": self.tokens, **metrics})
         return metrics
 

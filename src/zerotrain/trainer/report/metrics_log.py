@@ -37,6 +37,15 @@ class MetricsLog:
             self.tb.close()
 
 
+def write_predictions(output_dir: Path, predictions: list[int], names: list | None) -> Path:
+    """predictions.jsonl: one {"index", "label"} per row of the test set, in its order; the
+    label as the data spelled it when the classes have names."""
+    path = output_dir / "predictions.jsonl"
+    lines = [json.dumps({"index": i, "label": names[c] if names else c}) for i, c in enumerate(predictions)]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
