@@ -211,7 +211,8 @@ def sft_tokenize_fn(tokenizer, fmt: str, template_value: str | None, train_on_pr
     def tokenize(batch, indices):
         out = {"input_ids": [], "labels": [], "length": []}
         columns = list(batch)
-        for k, index in enumerate(indices):
+        rows = batch.get("zerotrain_row", indices)  # the file's row numbers, when prepare kept them
+        for k, index in enumerate(rows):
             row = {c: batch[c][k] for c in columns}
             ids, labels = render(row, fmt, f"{what} {path} row {index + 1}")
             keep = any(label != -100 for label in labels)

@@ -132,7 +132,14 @@ def _check_text(ds, column: str, what: str, path: str) -> None:
     raise DataError(f"{what} {path}: column {column!r} holds {kind[:120]}, not text{hint}")
 
 
-def _read_sources(data_args, seed: int):
+ROW = "zerotrain_row"  # sft: a row's place in its file, for errors naming it after the split shuffled
+
+
+def _numbered(ds, numbered: bool):
+    return ds.add_column(ROW, list(range(len(ds)))) if numbered and ds is not None and ROW not in ds.column_names else ds
+
+
+def _read_sources(data_args, seed: int, numbered: bool = False):
     """(train, validation, test) tables (None when absent) and whether rows are documents (not
     lines of a .txt file): the training file's answer, which every split follows."""
     train = held = test = None
@@ -140,9 +147,11 @@ def _read_sources(data_args, seed: int):
     if data_args.train_file:
         train, documents = read_table(data_args.train_file, "train_file", data_args.text_column)
         train, held = _split(train, "train_file", data_args.train_file)
+        train, held = _numbered(train, numbered), _numbered(held, numbered)
     if data_args.validation_file:
         held, held_documents = read_table(data_args.validation_file, "validation_file", data_args.text_column)
         held, _ = _split(held, "validation_file", data_args.validation_file)
+        held = _numbered(held, numbered)
         documents = documents if train is not None else held_documents
     elif held is None and train is not None and data_args.validation_split_percentage > 0:
         n_eval = int(len(train) * data_args.validation_split_percentage / 100)
@@ -152,6 +161,7 @@ def _read_sources(data_args, seed: int):
     if data_args.test_file:
         test, _ = _split(read_table(data_args.test_file, "test_file", data_args.text_column)[0],
                          "test_file", data_args.test_file)
+        test = _numbered(test, numbered)
     return {"train": train, "validation": held, "test": test}, documents
 
 
@@ -166,14 +176,15 @@ def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target:
 
     datasets.disable_progress_bars()
     task = model_args.task
-    tables, documents = _read_sources(data_args, seed)
+    tables, documents = _read_sources(data_args, seed, numbered=task == "sft")
     path_of = {split: getattr(data_args, _WHAT[split]) or data_args.train_file for split in tables}
     formats = {}
     for split, ds in tables.items():
         if ds is None:
             continue
         if task == "sft":
-            formats[split] = detect_format(ds.column_names, data_args.sft_format, _WHAT[split], path_of[split])
+            columns = [c for c in ds.column_names if c != ROW]
+            formats[split] = detect_format(columns, data_args.sft_format, _WHAT[split], path_of[split])
             continue
         needed = [data_args.text_column] + ([data_args.label_column] if task == "classification" else [])
         require_columns(ds, needed, _WHAT[split], path_of[split])
