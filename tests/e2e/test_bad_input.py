@@ -5,6 +5,7 @@ path of the same errors is in test_train_cli.py."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -57,7 +58,9 @@ BASE = ["train", "--model_config", "gpt-tiny", "--output_dir", "out", "--max_ste
      "train_file chat.jsonl: column 'messages' holds list values"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(data, capsys, extra, message):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert main(BASE + extra) == 2
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # left as they were
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("zerotrain: error: ") and message in err[0], err
     assert not (data / "out").exists()

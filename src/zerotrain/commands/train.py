@@ -184,13 +184,13 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
 
 def _run_rank(model_args, data_args, train_args, explicit, callbacks) -> int:
     from ..comm import shutdown
-    from ..trainer.loop.interrupt import Interrupted, raise_on_signals
+    from ..trainer.loop.interrupt import Interrupted, raising_on_signals
     from ..trainer.pipeline import run as run_pipeline
 
     rank0 = os.environ.get("RANK", "0") == "0"
-    raise_on_signals()
     try:
-        run_pipeline(model_args, data_args, train_args, explicit, callbacks)
+        with raising_on_signals():
+            run_pipeline(model_args, data_args, train_args, explicit, callbacks)
     except TrainingInterrupted as e:
         if rank0:
             print(f"zerotrain: {e}", file=sys.stderr, flush=True)

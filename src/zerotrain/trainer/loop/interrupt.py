@@ -40,12 +40,21 @@ def _raise(signum, frame):
     raise Interrupted(signum)
 
 
-def raise_on_signals() -> None:
-    """SIGTERM as well as SIGINT interrupts the loading phase with a Python exception (main
-    thread only: signal handlers cannot be set elsewhere)."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in _SIGNALS:
-            signal.signal(sig, _raise)
+@contextlib.contextmanager
+def raising_on_signals():
+    """SIGTERM as well as SIGINT interrupts the loading phase with a Python exception, while the
+    block runs (main thread only: signal handlers cannot be set elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    for sig in _SIGNALS:
+        signal.signal(sig, _raise)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopRequest:
