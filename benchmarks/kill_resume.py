@@ -21,7 +21,7 @@ The run is built so that the resumable state shows in the losses:
     warmup + linear decay   LR scheduler; AdamW moments; weight decay groups
     --fp16                  dynamic loss scaler whose scale doubles every 4 steps
 
-A step matches when loss, lr, grad_norm, seqlen, theta, loss_scale, tokens and epoch are
+A step matches when loss, lr, grad_norm, seqlen, pld_theta, loss_scale, tokens and epoch are
 all equal (floats as JSON writes them: repr, so exact). The steps the killed run logged
 before it died are checked as well: if those differ, the runs are not deterministic to begin
 with and the resume is not to blame. Not visible in the losses: the python and numpy RNGs
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobs import kill_job  # noqa: E402
 
 MAX_STEPS, SAVE_STEPS = 24, 3
-FIELDS = ("loss", "lr", "grad_norm", "seqlen", "theta", "loss_scale", "tokens", "epoch")
+FIELDS = ("loss", "lr", "grad_norm", "seqlen", "pld_theta", "loss_scale", "tokens", "epoch")
 WORDS = ("def class return import self if else for in while print value data list dict none true "
          "false yield lambda with as try except raise pass break").split()
 MODEL = {"zerotrain_model": "gpt", "n_embd": 32, "n_layer": 4, "n_head": 2, "n_positions": 64, "dropout": 0.1}
@@ -111,7 +111,7 @@ def run(work: Path, cmd: list[str], timeout: int = 600) -> str:
 
 def records(run_dir: Path) -> list[dict]:
     """Training records of metrics.jsonl (a line torn by the kill is skipped)."""
-    from zerotrain.trainer.metrics import read_metrics
+    from zerotrain.trainer.report.metrics_log import read_metrics
 
     return [r for r in read_metrics(run_dir) if "loss" in r] if (run_dir / "metrics.jsonl").is_file() else []
 

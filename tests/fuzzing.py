@@ -177,7 +177,7 @@ def _read(path: Path, allow_empty: bool = False) -> DataError | None:
     """What the trainer does with a data source: read it, then ask for its text column."""
     import datasets
 
-    from zerotrain.trainer.readers import read_table, require_columns
+    from zerotrain.trainer.data.readers import read_table, require_columns
 
     try:
         dataset, _ = read_table(str(path), "train_file", "text")

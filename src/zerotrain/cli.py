@@ -31,7 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    foreign = {}
+    if argv and argv[0] in COMMANDS:  # a command may take options it does not define (commands/train.py)
+        split = getattr(importlib.import_module(COMMANDS[argv[0]][0]), "split_foreign", None)
+        if split is not None:
+            rest, foreign = split(argv[1:])
+            argv = [argv[0], *rest]
     args = build_parser().parse_args(argv)
+    args.foreign = foreign
     try:
         return importlib.import_module(COMMANDS[args.command][0]).run(args)
     except (ConfigError, DataError, CheckpointError, NonFiniteStepsError) as e:

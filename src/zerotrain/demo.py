@@ -109,7 +109,7 @@ def options(out: Path, steps: int) -> dict:
 
 
 def prepare(out: Path, vocab_size: int) -> None:
-    from .trainer.tokenizer import train_bpe
+    from .trainer.data.tokenizer import train_bpe
 
     if out.exists():
         print(f"demo: replacing the previous demo run in {out}", flush=True)
@@ -138,10 +138,10 @@ def run_demo(out: Path, nproc: int, steps: int | None, vocab_size: int) -> int:
     from .commands.train import _launch
     from .comm import Comm, ParallelState
     from .trainer.args import build
-    from .trainer.data import prepare as prepare_data
-    from .trainer.models import load_model
-    from .trainer.plot import plot_run
-    from .trainer.tokenizer import load_tokenizer
+    from .trainer.data.prepare import prepare as prepare_data
+    from .trainer.data.tokenizer import load_tokenizer
+    from .trainer.model.build import load_model
+    from .trainer.report.plot import plot_run
 
     start = time.perf_counter()
     prepare(out, vocab_size)

@@ -42,6 +42,20 @@ class DistributedFaultError(RuntimeError):
         self.ranks = ranks
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM reached the run: every rank stopped at the same optimizer step. The
+    message names the checkpoint to resume from and the command that does; `exit_code` is the
+    shell's 128 + signal number (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int, checkpoint: str | None = None):
+        super().__init__(message)
+        self.signum, self.checkpoint = signum, checkpoint
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Suffix like ', did you mean stage?' or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -5,6 +5,7 @@ path of the same errors is in test_train_cli.py."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -21,6 +22,10 @@ def data(tmp_path, monkeypatch):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "ds.json").write_text(json.dumps({"gradient_accumulation_steps": 4}))
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(20))
+                                         + json.dumps({"messages": chat[:1]}) + "\n")
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
     return tmp_path
 
 
@@ -43,9 +48,19 @@ BASE = ["train", "--model_config", "gpt-tiny", "--output_dir", "out", "--max_ste
     (["--train_file", "train.txt", "--eval_strategy", "steps", "--validation_split_percentage", "0"],
      "eval_strategy steps needs evaluation data"),
     (["--train_file", "train.txt", "--resume_from_checkpoint", "latest"], "no checkpoint in out"),
+    (["--train_file", "chat.jsonl", "--task", "sft", "--sft_format", "openai"],
+     "sft_format: should be one of auto, messages, sharegpt, prompt_completion, alpaca, got 'openai'"),
+    (["--train_file", "chat.jsonl", "--task", "sft", "--chat_template", "broken.jinja"],
+     "broken.jinja does not render it (TemplateSyntaxError"),
+    (["--train_file", "chat.jsonl", "--task", "sft", "--chat_template", "chatml"],
+     "train_file chat.jsonl row 21: no assistant turn to train on"),
+    (["--train_file", "chat.jsonl", "--text_column", "messages"],
+     "train_file chat.jsonl: column 'messages' holds list values"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(data, capsys, extra, message):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert main(BASE + extra) == 2
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # left as they were
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("zerotrain: error: ") and message in err[0], err
     assert not (data / "out").exists()

@@ -30,7 +30,7 @@ def test_killed_zero3_run_with_curriculum_and_pld_resumes_bit_identical(tmp_path
     kr.prepare(tmp_path)
     reference = kr.reference_run(tmp_path, stage=3)
     seqlens = [r["seqlen"] for r in reference]
-    assert seqlens[0] < seqlens[7] < seqlens[-1] and reference[7]["theta"] < 1.0  # both features act by then
+    assert seqlens[0] < seqlens[7] < seqlens[-1] and reference[7]["pld_theta"] < 1.0  # both features act by then
 
     t = kr.trial(tmp_path, kr.Trial(stage=3, kill_step=7, jitter=0.5), reference, "cut")
     assert t.matched, t.problem

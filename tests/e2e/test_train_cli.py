@@ -19,68 +19,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from zerotrain.trainer.metrics import read_metrics
-
-WORDS = "def class return import self if else for in while print value data list dict none true".split()
-
-
-def env(tmp_path: Path) -> dict:
-    e = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ZEROTRAIN_ERROR_DIR")}
-    e.update(OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "xdg"), TOKENIZERS_PARALLELISM="false")
-    return e
-
-
-def zerotrain(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zerotrain", *args], cwd=tmp_path, env=env(tmp_path),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def text_file(path: Path, n: int, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    path.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 24))) + "\n" for _ in range(n)),
-                    encoding="utf-8")
-    return path
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return read_metrics(run_dir)  # skips a line torn by the SIGKILL
-
-
-def state(run_dir: Path) -> dict:
-    return json.loads((run_dir / "trainer_state.json").read_text())
-
-
-COMMON = ["--cache_dir", "cache", "--disable_tqdm", "--logging_steps", "1", "--per_device_train_batch_size", "4"]
-
-
-def wait_for_no_process_with(cwd: Path, *argv: str, timeout: float = 10.0) -> bool:
-    """True once no process running in `cwd` has `argv` in a row on its command line."""
-    def alive() -> bool:
-        for proc in Path("/proc").iterdir():
-            try:
-                args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                here = os.readlink(proc / "cwd")
-            except OSError:
-                continue
-            if here == str(cwd) and any(args[i:i + len(argv)] == list(argv) for i in range(len(args))):
-                return True
-        return False
-
-    deadline = time.time() + timeout
-    while alive():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+from e2e_helpers import COMMON, WORDS, env, metrics, ok, state, text_file, wait_for_no_process_with, zerotrain
 
 
 def test_killed_run_resumes_to_the_same_losses(tmp_path):
@@ -115,8 +57,10 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path):
     assert [r["step"] for r in cut if "loss" in r] == list(range(1, 31))
     assert [r["loss"] for r in cut if "loss" in r] == [r["loss"] for r in full if "loss" in r]
     assert state(tmp_path / "cut")["eval_loss"] == state(tmp_path / "full")["eval_loss"]
-    # save_total_limit 2 keeps the newest and the best (step 20, the last one with an eval)
-    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-28"]
+    # save_total_limit 2 keeps the newest two; the last step always gets one, and with the final
+    # evaluation it is also the best (test_rotation_keeps_the_best_checkpoint: an older best stays)
+    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-28", "checkpoint-30"]
+    assert state(tmp_path / "cut")["best_checkpoint"] == "cut/checkpoint-30"
 
 
 def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):
@@ -129,7 +73,7 @@ def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):
                  "--block_size", "64", "--max_steps", "12", "--deepspeed", "mlm.json", "--learning_rate", "1e-3",
                  "--eval_strategy", "epoch", "--num_train_epochs", "1", *COMMON))
     last = [r for r in metrics(tmp_path / "mlm") if "loss" in r][-1]
-    assert last["theta"] < 0.9 and "eval_accuracy" in state(tmp_path / "mlm")
+    assert last["pld_theta"] < 0.9 and "eval_accuracy" in state(tmp_path / "mlm")
     assert 0 < state(tmp_path / "mlm")["eval_perplexity"] < 300
 
     rng = random.Random(1)
@@ -148,7 +92,7 @@ def test_mlm_with_layer_drop_then_classifier_from_its_encoder(tmp_path):
 def test_lora_on_an_hf_model_with_zero3_and_gradient_checkpointing(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zerotrain.trainer.tokenizer import byte_tokenizer
+    from zerotrain.trainer.data.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
     base = tmp_path / "base"
@@ -177,8 +121,8 @@ def test_lora_on_an_hf_model_with_zero3_and_gradient_checkpointing(tmp_path):
 
     # the merged model scores the eval set as the adapter run did (same cached eval set, one process)
     code = ("import json, sys; from zerotrain.trainer.args import build; from zerotrain.trainer import Trainer;"
-            "from zerotrain.trainer.data import prepare; from zerotrain.trainer.models import load_model;"
-            "from zerotrain.trainer.tokenizer import load_tokenizer; from zerotrain.comm import Comm, ParallelState;"
+            "from zerotrain.trainer.data.prepare import prepare; from zerotrain.trainer.model.build import load_model;"
+            "from zerotrain.trainer.data.tokenizer import load_tokenizer; from zerotrain.comm import Comm, ParallelState;"
             "m, d, t = build({'model_name_or_path': 'merged', 'train_file': 'train.jsonl', 'output_dir': 'ev',"
             " 'block_size': 32, 'validation_split_percentage': 10, 'cache_dir': 'cache', 'report_to': 'none'});"
             "tok = load_tokenizer(None, 'merged'); data = prepare(m, d, 42, tok, 64, Comm(ParallelState()));"

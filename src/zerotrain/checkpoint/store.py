@@ -61,6 +61,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -118,7 +123,10 @@ def _sweep(save_dir: Path, current: str) -> None:
 
 
 class CheckpointWriter:
-    """Context manager: every rank calls ``save``; the folder appears only if all succeed."""
+    """Context manager: every rank calls ``save``; the folder appears only if all succeed, and
+    ``latest`` moves only once every writer's folder is published. ``is_main`` marks the rank
+    that creates and publishes the folder: rank 0, or with node-local storage local rank 0 of
+    each node, each in its own save_dir."""
 
     def __init__(self, save_dir: str | os.PathLike, tag: str, is_main: bool,
                  barrier: Callable[[], None], save_latest: bool = True) -> None:
@@ -154,6 +162,9 @@ class CheckpointWriter:
         self.barrier()
         if self.is_main:
             self._publish()
+        self.barrier()  # every writer (one per node with node-local storage) has published the folder
+        if self.is_main and self.save_latest:
+            _write_atomic(self.save_dir / LATEST, lambda f: f.write(self.tag.encode()))
         self.barrier()
 
     def _publish(self) -> None:
@@ -161,6 +172,7 @@ class CheckpointWriter:
         for entry in sorted(self.staging.iterdir()):
             if entry.name.endswith(".tmp") or not entry.is_file():
                 continue  # a save interrupted before its rename: never part of the checkpoint
+            _fsync_file(entry)  # files written straight into the folder (save_checkpoint's extra_files)
             files[entry.name] = {"size": entry.stat().st_size, "sha256": _sha256(entry)}
         manifest = {"format": _FORMAT, "version": 1, "tag": self.tag, "files": files}
         _write_atomic(self.staging / MANIFEST,
@@ -173,8 +185,6 @@ class CheckpointWriter:
         os.rename(self.staging, self.path)
         _fsync_dir(self.save_dir)
         _remove(self._old)
-        if self.save_latest:
-            _write_atomic(self.save_dir / LATEST, lambda f: f.write(self.tag.encode()))
 
 
 def _available_tags(load_dir: Path) -> list[str]:

@@ -92,10 +92,16 @@ class ParallelState:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str | None = None
+    local_world_size: int = 0  # ranks on this node (torchrun's LOCAL_WORLD_SIZE); 0: all of them
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def node(self) -> int:
+        """This rank's node: torchrun numbers ranks node by node, local_world_size to a node."""
+        return self.rank // (self.local_world_size or self.world_size)
 
 
 class _DoneWork:
@@ -145,7 +151,7 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
     else:
         device = torch.device("cpu")
     return ParallelState(rank=rank, world_size=world, local_rank=local_rank, device=device,
-                         backend=backend)
+                         backend=backend, local_world_size=_env_int("LOCAL_WORLD_SIZE", 0))
 
 
 def _start_heartbeat(rank: int, world: int, timeout_s: float | None) -> None:

@@ -12,14 +12,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--output_dir", required=True, help="where the merged model goes")
     parser.add_argument("--base", default=None,
                         help="base model folder (default: base_model_name_or_path in adapter_config.json)")
-    parser.add_argument("--task", default=None, choices=("clm", "mlm", "classification"),
+    parser.add_argument("--task", default=None, choices=("clm", "sft", "mlm", "classification"),
                         help="head of the base model (default: the adapter's recorded task, else clm)")
 
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..trainer import lora, models
-    from ..trainer.tokenizer import load_tokenizer
+    from ..trainer.data.tokenizer import load_tokenizer
+    from ..trainer.model import build as models
+    from ..trainer.model import lora
 
     adapter = Path(args.adapter_dir).expanduser()
     meta, _ = lora.read_adapter(adapter)

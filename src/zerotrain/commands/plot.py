@@ -1,4 +1,4 @@
-"""`zerotrain plot RUN_DIR [--out FILE]`: a PNG of a run's curves (see trainer/plot.py)."""
+"""`zerotrain plot RUN_DIR [--out FILE]`: a PNG of a run's curves (see trainer/report/plot.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..trainer.plot import plot_run
+    from ..trainer.report.plot import plot_run
 
     print(f"wrote {plot_run(args.run_dir, args.out)}")
     return 0

@@ -3,11 +3,14 @@
     zerotrain train run.yaml --learning_rate 3e-4          options file, then the command line
     zerotrain train --nproc_per_node 2 ...                  launches 2 ranks through torchrun
     torchrun --nproc_per_node 2 -m zerotrain train ...      the same, launched by hand
+    zerotrain train --nnodes 2 --node_rank 0 --master_addr HOST --master_port 29500 ...
+                                                            one node of two (run it on each node)
 
-With --nproc_per_node > 1 this process checks what it can (options, files, output_dir, the
-DeepSpeed config) before starting any rank, then starts torchrun. A rank that stops on a user
-error writes its message to a file the launcher reads, so the job ends with that one line
-and exit code 2 instead of a traceback per rank.
+Before starting any rank, this process checks what it can (options, files, output_dir, the
+DeepSpeed config: trainer/preflight.py), then starts torchrun with the launch options. A rank
+that stops on a user error writes its message to a file the launcher reads, so the job ends
+with that one line and exit code 2 instead of a traceback per rank; a run stopped by Ctrl-C or
+SIGTERM ends with one line naming its checkpoint and exit code 130 or 143.
 """
 
 from __future__ import annotations
@@ -18,17 +21,32 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError
+from ..errors import (CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError,
+                      TrainingInterrupted)
 from ..trainer import args as targs
+from ..trainer.hf_options import is_foreign
 
 _ERROR_DIR = "ZEROTRAIN_ERROR_DIR"
 _USER_ERRORS = (ConfigError, DataError, CheckpointError, NonFiniteStepsError, DistributedFaultError)
+# torchrun's options, passed to it as given (nproc_per_node: processes on this machine)
+LAUNCH_OPTIONS = {
+    "nproc_per_node": (int, "processes to launch on this machine (default 1; torchrun's variables win)"),
+    "nnodes": (str, "machines in the job, or MIN:MAX (torchrun); run the same command on each"),
+    "node_rank": (int, "this machine's index among the nodes (static rendezvous)"),
+    "master_addr": (str, "address of node 0, where the nodes meet (static rendezvous)"),
+    "master_port": (int, "port on node 0 where the nodes meet (static rendezvous)"),
+    "rdzv_backend": (str, "torchrun's rendezvous backend: static (default with master_addr) or c10d"),
+    "rdzv_endpoint": (str, "HOST:PORT of the rendezvous (c10d)"),
+    "rdzv_id": (str, "job id shared by the nodes (c10d)"),
+    "max_restarts": (int, "times torchrun restarts the ranks after a failure (default 0)"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("options_file", nargs="?", help="YAML or JSON file of options (the command line overrides it)")
-    parser.add_argument("--nproc_per_node", type=int, default=None,
-                        help="processes to launch on this machine (default 1; torchrun's variables win)")
+    launch = parser.add_argument_group("launch (torchrun)")
+    for name, (kind, help_text) in LAUNCH_OPTIONS.items():
+        launch.add_argument(f"--{name}", type=kind, default=None, help=help_text)
     for cls, title in ((targs.ModelArguments, "model"), (targs.DataArguments, "data"),
                        (targs.TrainingArguments, "training")):
         group = parser.add_argument_group(title)
@@ -43,89 +61,147 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*names, dest=name, default=argparse.SUPPRESS, help=help_text.replace("%", "%%"), **extra)
 
 
+def split_foreign(argv: list[str]) -> tuple[list[str], dict]:
+    """Options this command does not define (HF / LLaMA-Factory names, typos) taken out before
+    argparse sees them, so they get our one-line answer (hf_options.py, did-you-mean) and
+    their values are not mistaken for the options file."""
+    known = {"-h", "--help"} | {f"--{n}" for n in LAUNCH_OPTIONS} | {f"--{n}" for n in targs.aliases()} | \
+        {f"--{name}" for cls in targs.ALL for name in targs.fields_of(cls)}
+    keep, foreign, i = [], {}, 0
+    while i < len(argv):
+        item = argv[i]
+        name = item.split("=", 1)[0]
+        if item.startswith("--") and name not in known:
+            if "=" in item:
+                value = item.split("=", 1)[1]
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value, i = argv[i + 1], i + 1
+            else:
+                value = "true"
+            foreign[name[2:]] = value
+        else:
+            keep.append(item)
+        i += 1
+    return keep, foreign
+
+
 def collect(args: argparse.Namespace) -> tuple[dict, dict]:
     """(options file values overridden by the command line, the command-line values alone)."""
     values = targs.read_options_file(args.options_file) if args.options_file else {}
-    cli = {k: v for k, v in vars(args).items() if k not in ("command", "options_file", "nproc_per_node")}
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "options_file", "foreign", *LAUNCH_OPTIONS)}
+    cli.update(getattr(args, "foreign", None) or {})
     aliases = targs.aliases()
     for key in list(values):  # a CLI value replaces the file's, whichever spelling either used
         if aliases.get(key, key) in cli:
             del values[key]
-    if args.nproc_per_node is None and "nproc_per_node" in values:
-        args.nproc_per_node = int(values["nproc_per_node"])
-    values.pop("nproc_per_node", None)
+    for name, (kind, _) in LAUNCH_OPTIONS.items():
+        if getattr(args, name, None) is None and name in values:
+            setattr(args, name, kind(values[name]))
+        values.pop(name, None)
     values.update(cli)
     return values, cli
 
 
-def _precheck(model_args, data_args, train_args, explicit: set[str], nproc: int) -> None:
-    """What can fail without a rank: fail here, before torchrun starts anything."""
-    from ..config import load_config
-    from ..trainer.checkpoints import check_output_dir
-    from ..trainer.ds_config import build_deepspeed_config, fill_schedule
-
-    check_output_dir(Path(train_args.output_dir).expanduser(), train_args.overwrite_output_dir,
-                     bool(train_args.resume_from_checkpoint))
-    for name in ("train_file", "validation_file"):
-        value = getattr(data_args, name)
-        if value and not Path(value).expanduser().exists():
-            raise DataError(f"{name} {value}: does not exist")
-    if not data_args.train_file:
-        raise ConfigError("train_file is required: pass --train_file PATH")
-    if model_args.model_name_or_path and model_args.model_config:
-        raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
-                          "config, not both")
-    # placeholder sizes: only the validity of the config is checked here
-    ds, _ = build_deepspeed_config(_copy(train_args), explicit, nproc, 64, data_args.block_size or 64)
-    ds = fill_schedule(ds, 1, 1)
-    load_config(ds, world_size=nproc)
-
-
-def _copy(train_args):
-    import copy
-
-    return copy.copy(train_args)
+def _rendezvous(args) -> tuple[list[str], int]:
+    """torchrun's options for a job over several machines ([] on one), and its largest node count."""
+    given = {n: getattr(args, n, None) for n in LAUNCH_OPTIONS if n != "nproc_per_node"}
+    given = {n: v for n, v in given.items() if v is not None}
+    nnodes = str(given.get("nnodes", "1"))
+    try:
+        most = int(nnodes.split(":")[-1])
+        if most < 1 or int(nnodes.split(":")[0]) < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"nnodes: should be a count like 2, or MIN:MAX like 1:4, got {nnodes!r}") from None
+    if most > 1 and "rdzv_endpoint" not in given and "master_addr" not in given:
+        raise ConfigError(f"--nnodes {nnodes} needs a meeting point: --master_addr HOST --master_port PORT with "
+                          "--node_rank N on each node, or --rdzv_backend c10d --rdzv_endpoint HOST:PORT")
+    static = given.get("rdzv_backend", "static") == "static" and "rdzv_endpoint" not in given
+    if most > 1 and static:
+        if "node_rank" not in given:
+            raise ConfigError(f"--nnodes {nnodes} with --master_addr needs --node_rank (0 to {most - 1}) on each node")
+        if not 0 <= given["node_rank"] < most:
+            raise ConfigError(f"node_rank: should be 0 to {most - 1} for --nnodes {nnodes}, got {given['node_rank']}")
+    if set(given) <= {"max_restarts"} and most == 1:  # one machine: a rendezvous of its own
+        return ["--standalone", f"--max_restarts={given['max_restarts']}"] if given else [], 1
+    return [f"--{n}={v}" for n, v in given.items()], most
 
 
-def _launch(argv: list[str], nproc: int) -> int:
+def _launch(argv: list[str], nproc: int, rendezvous: list[str] | None = None) -> int:
     from ..comm.launch import run_ranks
 
     with tempfile.TemporaryDirectory(prefix="zerotrain-errors-") as errors:
         os.environ[_ERROR_DIR] = errors
         try:
-            code, failed_rank = run_ranks("zerotrain", ["train", *argv], nproc, quiet=True)
+            code, failed_rank = run_ranks("zerotrain", ["train", *argv], nproc, quiet=True, rendezvous=rendezvous)
         finally:
             del os.environ[_ERROR_DIR]
         messages = [p.read_text(encoding="utf-8").strip() for p in sorted(Path(errors).glob("rank*.txt"))]
     if messages:
         print(f"zerotrain: error: {messages[0]}", file=sys.stderr, flush=True)
         return 2
+    if code in (130, 143):  # interrupted: rank 0 has said where it stopped and how to resume
+        return code
     if code != 0:
         where = f"rank {failed_rank} exited with code {code}" if failed_rank is not None else f"exit code {code}"
         print(f"zerotrain: training failed: {where}; see the rank output above", file=sys.stderr, flush=True)
     return code
 
 
+def _notify(notices: list[str]) -> None:
+    for line in notices:
+        print(f"zerotrain: notice: {line}", flush=True)
+
+
 def run(args: argparse.Namespace, callbacks=()) -> int:
+    from ..trainer.preflight import preflight
+
     values, cli = collect(args)
     explicit: set[str] = set()
-    model_args, data_args, train_args = targs.build(values, explicit)
+    notices: list[str] = []
+    model_args, data_args, train_args = targs.build(values, explicit, notices)
     in_torchrun = "WORLD_SIZE" in os.environ
     nproc = args.nproc_per_node or 1
-    if nproc > 1 and not in_torchrun:
-        _precheck(model_args, data_args, train_args, explicit, nproc)
+    rendezvous, nodes = _rendezvous(args)
+    if not in_torchrun and (nproc > 1 or nodes > 1 or rendezvous):
+        _notify(notices)
+        preflight(model_args, data_args, train_args, explicit, nproc * nodes)
+        if args.nnodes is not None:
+            from ..comm.launch import NNODES_ENV
+
+            os.environ[NNODES_ENV] = str(args.nnodes)
         argv = ([args.options_file] if args.options_file else []) + \
-            [item for k, v in cli.items() for item in (f"--{k}", str(v))]
-        return _launch(argv, nproc)
+            [item for k, v in cli.items() if not is_foreign(k) for item in (f"--{k}", str(v))]
+        return _launch(argv, nproc, rendezvous)
     if os.environ.get(_ERROR_DIR):  # a rank of our own launcher: go down with it
         from ..comm.launch import die_with_launcher
 
         die_with_launcher()
+    elif os.environ.get("RANK", "0") == "0":
+        _notify(notices)
+    return _run_rank(model_args, data_args, train_args, explicit, callbacks)
+
+
+def _run_rank(model_args, data_args, train_args, explicit, callbacks) -> int:
     from ..comm import shutdown
+    from ..trainer.loop.interrupt import Interrupted, raising_on_signals
     from ..trainer.pipeline import run as run_pipeline
 
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:
-        run_pipeline(model_args, data_args, train_args, explicit, callbacks)
+        with raising_on_signals():
+            run_pipeline(model_args, data_args, train_args, explicit, callbacks)
+    except TrainingInterrupted as e:
+        if rank0:
+            print(f"zerotrain: {e}", file=sys.stderr, flush=True)
+        shutdown()
+        return e.exit_code
+    except KeyboardInterrupt as e:  # before the first step: nothing to save
+        signum = e.signum if isinstance(e, Interrupted) else 2
+        if rank0:
+            print(f"zerotrain: interrupted by {'SIGTERM' if signum == 15 else 'SIGINT'} while starting, before any "
+                  "training step; nothing was saved", file=sys.stderr, flush=True)
+        return 128 + signum
     except _USER_ERRORS as e:
         errors = os.environ.get(_ERROR_DIR)
         if not errors:

@@ -47,7 +47,6 @@ class DeepSpeedExtras(Block):
                                                     "call; use gradient checkpointing (torch.utils.checkpoint)")
     aio: Any = no_effect(None, "the NVMe swap does its I/O with its own threads")
     autotuning: Any = no_effect(None, "autotuning is a DeepSpeed launcher feature")
-    checkpoint: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     datastates_ckpt: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     nebula: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     comms_logger: Any = no_effect(None, "collectives are not logged")

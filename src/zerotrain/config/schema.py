@@ -149,6 +149,18 @@ class TokenBudgetConfig(Block):
         return self
 
 
+class CheckpointConfig(Block):
+    """DeepSpeed's `checkpoint` block."""
+
+    use_node_local_storage: bool = acts(
+        False, "Each node writes and reads its own ranks' checkpoint files under its own save_dir (clusters "
+               "without shared storage); local rank 0 of each node writes the shared files.")
+    tag_validation: str = no_effect("Warn", "tags are always checked: one that would leave its folder is an error")
+    load_universal: bool = refused(False, "universal checkpoints are not built; zerotrain's own load into another "
+                                          "world size at the same ZeRO stage")
+    parallel_write: Any = no_effect(None, "every rank writes its own files at once already")
+
+
 # --------------------------------------------------------------------------- top level
 
 
@@ -179,6 +191,7 @@ class ZeroTrainConfig(DeepSpeedExtras):
     progressive_layer_drop: PLDConfig | None = acts(None, "Progressive layer drop.")
     data_efficiency: DataEfficiencyConfig | None = acts(None, "Data sampling and routing.")
     data_types: DataTypesConfig = acts(None, "Gradient accumulation dtype.", default_factory=DataTypesConfig)
+    checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")

@@ -8,6 +8,10 @@
     <save_dir>/<tag>/manifest.json     sizes and checksums, verified on load
     <save_dir>/latest                   the newest complete tag
 
+With checkpoint.use_node_local_storage each node's save_dir holds its own ranks' files, and
+local rank 0 of every node writes model_states.pt (and stage 0's optimizer file), so each
+node's folder loads alone. Loading checks that every rank found the same checkpoint.
+
 Everything is plain tensors and Python containers, so loading uses weights_only=True.
 """
 
@@ -87,14 +91,22 @@ def _load_module(engine, state: dict, strict: bool) -> None:
                               f"unexpected keys {unexpected[:5]}; pass load_module_strict=False to ignore")
 
 
-def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
+def writes_shared_files(engine) -> bool:
+    """This rank writes a checkpoint's one-per-folder files: rank 0, or with node-local storage
+    local rank 0 of each node (each node's folder then holds them)."""
+    if engine.config.checkpoint.use_node_local_storage:
+        return engine.comm.state.local_rank == 0
+    return engine.comm.rank == 0
+
+
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm = engine.comm
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
-    with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
-                          save_latest=save_latest) as writer:
-        if comm.rank == 0:
+    main = writes_shared_files(engine)
+    with CheckpointWriter(save_dir, tag, is_main=main, barrier=comm.barrier, save_latest=save_latest) as writer:
+        if main:
             writer.save("model_states.pt", {
                 "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
                 "global_steps": engine.global_steps,
@@ -109,12 +121,14 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "world_size": comm.world_size,
                 "client_state": client_state,
             })
-        if comm.rank == 0 or shards_optimizer:
-            writer.save(_optim_file(comm.rank), {
+        if main or shards_optimizer:  # stage 0: every rank holds rank 0's state
+            writer.save(_optim_file(comm.rank if shards_optimizer else 0), {
                 "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
                 "strategy": engine.strategy.state_dict(),
             })
         writer.save(f"rng_rank{comm.rank}.pt", _rng_state())
+        if extra_files is not None:  # e.g. the trainer's model folder files: inside the manifest
+            extra_files(writer.staging)
     return True
 
 
@@ -138,9 +152,35 @@ def _verified(load_dir, tag, fallback: bool):
         return resolve_checkpoint(load_dir, complete[0])
 
 
+def _agreed(engine, load_dir, tag, fallback: bool):
+    """_verified on every rank, and the same answer everywhere: a node whose save_dir lacks the
+    checkpoint the others load (node-local storage) stops the job with one line naming it."""
+    comm = engine.comm
+    try:
+        path, problem = _verified(load_dir, tag, fallback), None
+    except CheckpointError as err:
+        path, problem = None, str(err)
+    found = comm.all_gather_object((path.name if path is not None else None, problem, comm.state.node))
+    if len({(name, bool(text)) for name, text, _ in found}) == 1:
+        if problem:
+            raise CheckpointError(problem)
+        return path
+    first = found[0]
+    rank, (name, text, node) = next((r, f) for r, f in enumerate(found)
+                                    if (f[0], bool(f[1])) != (first[0], bool(first[1])))
+
+    def seen(name, text):
+        return f"finds {name}" if name else f"finds none ({text})" if text else "finds none"
+
+    raise CheckpointError(f"the nodes disagree about the checkpoint to resume: node {node} (rank {rank}) "
+                          f"{seen(name, text)} in its save_dir, node {first[2]} (rank 0) {seen(first[0], first[1])}; "
+                          "give every node the same checkpoint (with node-local storage: its folder and latest), "
+                          "or resume from a tag every node has")
+
+
 def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
                     load_lr_scheduler_states: bool, load_module_only: bool, fallback: bool = False):
-    path = _verified(load_dir, tag, fallback)
+    path = _agreed(engine, load_dir, tag, fallback)
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
@@ -161,6 +201,9 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             if not engine.strategy.can_reshard:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
                                       f"offload it loads only into {saved_world} ranks")
+            if engine.config.checkpoint.use_node_local_storage:
+                raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
+                                      f"node holds its own ranks' files); it loads only into {saved_world} ranks")
             rank_state = reshard_rank_state(path, model_states["layout"], layout, comm.rank)
         name = "optim_rank*.pt"
     else:

@@ -235,7 +235,8 @@ class Engine(torch.nn.Module):
             if self.loss_scaler is not None:
                 fields["loss_scale"] = f"{self.loss_scale:g}"
             for feature in self.features:
-                fields.update(feature.log_fields(self))
+                fields.update({k: f"{v:.4f}" if isinstance(v, float) else v
+                               for k, v in feature.log_fields(self).items()})
             line = " ".join(f"{k}={v}" for k, v in fields.items())
             if self.config.wall_clock_breakdown:
                 line += " | " + self._timers.summary_and_reset()
@@ -280,10 +281,13 @@ class Engine(torch.nn.Module):
         return self.strategy.full_state_dict(self.module)
 
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True, extra_files=None):
+        """extra_files(folder): called on every rank once the engine's files are written, with
+        the checkpoint's folder before it is published; what it writes there is published with
+        the checkpoint and covered by its manifest (a kill before then leaves no checkpoint)."""
         from .checkpointing import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest, extra_files)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

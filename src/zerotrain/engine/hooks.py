@@ -34,7 +34,9 @@ class EngineFeature:
         return None
 
     def log_fields(self, engine) -> dict:
-        """Extra fields for the rank-0 progress line."""
+        """Name -> number (int or float) the feature reports: the engine's steps_per_print line
+        shows them (floats to 4 decimals), and the trainer logs them as they are, to its progress
+        line, metrics.jsonl and TensorBoard, without knowing the feature."""
         return {}
 
     def state_dict(self) -> dict | None:

@@ -42,7 +42,10 @@ def find_sequence(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 def count_tokens(args: tuple, kwargs: dict) -> int:
-    """Tokens this forward trains on: batch x sequence length, after any curriculum cut."""
+    """Tokens this forward trains on: batch x sequence length, after any curriculum cut (padding
+    included, as Megatron's and HF's counts do). The one definition behind every "tokens"
+    zerotrain reports: the token budget, the trainer's logs, tokens_per_s and final summary;
+    whoever reports a total sums it over every rank."""
     seq = find_sequence(args, kwargs)
     if seq is None:
         return 0

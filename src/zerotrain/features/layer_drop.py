@@ -300,7 +300,7 @@ class LayerDropFeature(EngineFeature):
         return self.pld.get_theta() if key == "pld_theta" else None
 
     def log_fields(self, engine) -> dict:
-        return {"pld_theta": f"{self.pld.get_theta():.4f}"}
+        return {"pld_theta": self.pld.get_theta()}
 
     def state_dict(self) -> dict:
         return {"current_theta": self.pld.current_theta}

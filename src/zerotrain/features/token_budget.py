@@ -11,8 +11,8 @@ Megatron-DeepSpeed measures training in tokens. The `token_budget` config block 
     --min-lr M              "min_lr": M            floor after the decay
     --lr                    the optimizer's lr     the peak (each param group's own lr)
 
-Tokens are batch x sequence length of each training forward after any curriculum cut,
-summed over ranks with one all-reduce per optimizer step. The LR, as with the engine's
+Tokens are `batch.count_tokens` of each training forward (batch x sequence length after any
+curriculum cut), summed over ranks with one all-reduce per optimizer step. The LR, as with the engine's
 schedulers, is set after every optimizer step that was not skipped:
 
     steps <= W:  lr = peak * steps / W

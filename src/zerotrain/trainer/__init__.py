@@ -1,10 +1,23 @@
 """HF-Trainer-style training on the zerotrain engine (`zerotrain train`).
 
-Read in this order: args.py (the options), pipeline.py (how a run is put together),
-trainer.py (the loop), then data.py / sampler.py / models.py / lora.py / ds_config.py as needed.
+Read in this order:
+
+    args.py        the options (HF TrainingArguments names); hf_options.py: HF / LLaMA-Factory names
+                   mapped or refused; ds_config.py: the DeepSpeed config from the options
+    preflight.py   what the options alone decide, checked before anything is loaded
+    pipeline.py    how one run is put together: tokenizer -> data -> model -> LoRA -> Trainer
+    loop/          the Trainer: its loop (trainer.py), one micro-batch and what it counts (step.py),
+                   evaluation (evaluate.py), Ctrl-C / SIGTERM (interrupt.py), the run folder:
+                   resume, rotation, shared or node-local storage (run_folder.py)
+    data/          data files -> tokenized, cached datasets (readers, prepare), conversations and
+                   chat templates (chat), packing, tokenizers, batches (collate), which rank trains
+                   on which sample (sampler)
+    model/         presets, model folders in and out (build), LoRA (lora), gradient checkpointing
+    report/        what a run shows and writes: the banner, metrics.jsonl and TensorBoard
+                   (metrics_log, tensorboard), the progress bar and summary (progress), the PNG (plot)
 """
 
 from .args import DataArguments, ModelArguments, TrainingArguments
-from .trainer import Trainer
+from .loop.trainer import Trainer
 
 __all__ = ["Trainer", "TrainingArguments", "ModelArguments", "DataArguments"]

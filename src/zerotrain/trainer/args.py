@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import ConfigError, did_you_mean
 
-TASKS = ("clm", "mlm", "classification")
+TASKS = ("clm", "mlm", "classification", "sft")
+SFT_FORMATS = ("auto", "messages", "sharegpt", "prompt_completion", "alpaca")
 STRATEGIES = ("no", "steps", "epoch")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 
@@ -40,7 +41,8 @@ class ModelArguments:
     tokenizer_name_or_path: str | None = _opt(
         None, "Tokenizer folder or tokenizer.json file; default: the model folder's tokenizer, else "
               "a built-in byte-level tokenizer (256 bytes + special tokens).")
-    task: str = _opt("clm", "What to train: clm (causal LM), mlm (masked LM) or classification.", choices=TASKS)
+    task: str = _opt("clm", "What to train: clm (causal LM), mlm (masked LM), classification, or sft (supervised "
+                            "fine-tuning of a causal LM on conversations or instructions).", choices=TASKS)
     init_from: str | None = _opt(
         None, "Load matching weights (strict=False) from a model or checkpoint folder after building "
               "the model, e.g. an MLM-pretrained encoder for classification; prints missing and "
@@ -50,9 +52,11 @@ class ModelArguments:
     lora_dropout: float = _opt(0.0, "Dropout on the LoRA branch input.")
     lora_target_modules: str = _opt(
         "all", "Comma list of layers to adapt: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-               "down_proj (mapped to the model's own names), the model's own module names, or all.")
+               "down_proj (mapped to the model's own names), the model's own module names, or all.",
+        aliases=("lora_target",))
     modules_to_save: str | None = _opt(
-        None, "Comma list of modules trained in full and saved with the adapter (e.g. classifier).")
+        None, "Comma list of modules trained in full and saved with the adapter (e.g. classifier).",
+        aliases=("additional_target",))
 
 
 @dataclass
@@ -61,17 +65,32 @@ class DataArguments:
         None, "Training data: .txt (a row per line), .jsonl, .json, .csv, a folder of text files (a "
               "row per file) or a folder written by datasets' save_to_disk.")
     validation_file: str | None = _opt(None, "Evaluation data, in any format train_file takes.")
-    text_column: str = _opt("text", "Column holding the text (jsonl, json, csv, saved datasets).")
+    test_file: str | None = _opt(None, "Data for --do_predict (test_* metrics; classification also writes "
+                                       "predictions.jsonl), in any format train_file takes.")
+    text_column: str = _opt("text", "Column holding the text (jsonl, json, csv, saved datasets).",
+                            aliases=("dataset_text_field",))
     label_column: str = _opt("label", "Column holding the class label (classification).")
     validation_split_percentage: float = _opt(
         5.0, "Without validation_file: percent of training rows held out for evaluation (0 for none).")
     block_size: int | None = _opt(
         None, "Tokens per training sequence: clm/mlm texts are concatenated and cut into chunks of "
-              "this size; classification texts are truncated to it. Default: min(1024, model positions).")
+              "this size; classification texts and sft conversations are truncated to it. Default: "
+              "min(1024, model positions).", aliases=("cutoff_len", "max_seq_length"))
     line_by_line: bool = _opt(False, "clm/mlm: keep each row as its own (truncated, padded) sequence instead "
                                      "of concatenating rows into blocks.")
+    sft_format: str = _opt(
+        "auto", "sft: how rows hold conversations: messages (role/content list), sharegpt (conversations of "
+                "from/value), prompt_completion, alpaca (instruction/input/output), or auto (by column names).",
+        choices=SFT_FORMATS)
+    chat_template: str | None = _opt(
+        None, "sft: Jinja chat template file, or a built-in (chatml, llama3, alpaca); default: the tokenizer's own.",
+        aliases=("template",))
+    train_on_prompt: bool = _opt(False, "sft: compute the loss on every token, not only the assistant's.")
+    packing: bool = _opt(False, "sft: pack several examples into each block_size sequence (positions restart per "
+                                "example and attention stays within it; HF models).")
     preprocessing_num_workers: int | None = _opt(None, "Processes for tokenization (datasets map num_proc).")
-    max_train_samples: int | None = _opt(None, "Use at most this many training samples (after grouping).")
+    max_train_samples: int | None = _opt(None, "Use at most this many training samples (after grouping).",
+                                         aliases=("max_samples",))
     max_eval_samples: int | None = _opt(None, "Use at most this many evaluation samples (after grouping).")
     mlm_probability: float = _opt(0.15, "mlm: fraction of tokens masked (80% [MASK], 10% random, 10% kept).")
     cache_dir: str | None = _opt(None, "Where tokenized datasets are cached; default ~/.cache/zerotrain/datasets.")
@@ -81,6 +100,10 @@ class DataArguments:
 @dataclass
 class TrainingArguments:
     output_dir: str = _opt("", "Where checkpoints, metrics, plots and the final model go (required).")
+    do_train: bool | None = _opt(None, "Train (default true); false with evaluation data evaluates the model only.")
+    do_eval: bool | None = _opt(None, "Evaluate at the end (default: when there is evaluation data); true "
+                                      "requires evaluation data.")
+    do_predict: bool = _opt(False, "After training, evaluate on --test_file (test_* metrics).")
     overwrite_output_dir: bool = _opt(False, "Allow writing into an output_dir that already holds a run.")
     per_device_train_batch_size: int = _opt(8, "Samples per forward on each process (micro-batch).")
     per_device_eval_batch_size: int = _opt(8, "Samples per evaluation forward on each process.")
@@ -128,6 +151,8 @@ class TrainingArguments:
     report_to: str = _opt("tensorboard", "Metric sinks besides metrics.jsonl: tensorboard or none.",
                           choices=("tensorboard", "none"))
     disable_tqdm: bool = _opt(False, "Print log lines only, no progress bar.")
+    save_on_interrupt: bool = _opt(True, "On Ctrl-C or SIGTERM, save a checkpoint at the step where every "
+                                         "process stops (false: name the last one saved).")
 
     def __post_init__(self):
         check_training_arguments(self)
@@ -177,6 +202,11 @@ def check_training_arguments(args: TrainingArguments) -> None:
                           "eval_strategy to steps or epoch")
     if not isinstance(args.lr_scheduler_kwargs, dict):
         raise ConfigError(f"lr_scheduler_kwargs: should be a JSON object, got {args.lr_scheduler_kwargs!r}")
+    if args.do_eval is False and args.eval_strategy != "no":
+        raise ConfigError(f"do_eval false and eval_strategy {args.eval_strategy} contradict; drop one")
+    if args.do_train is False and args.resume_from_checkpoint:
+        raise ConfigError("resume_from_checkpoint continues training, and do_train is false; evaluate a "
+                          "checkpoint with --model_name_or_path CHECKPOINT_DIR --do_train false")
     if args.eval_steps is None:
         args.eval_steps = args.logging_steps
 
@@ -249,25 +279,78 @@ def read_options_file(path: str) -> dict:
     return data
 
 
-def build(values: dict, explicit: set[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+def build(values: dict, explicit: set[str] | None = None,
+          notices: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
     """Option name -> value (strings from the CLI or typed values from a file) -> the three
-    dataclasses. Unknown names are errors with a did-you-mean; `explicit` collects the names
-    the user set (the DeepSpeed config may only disagree with options left at defaults)."""
+    dataclasses. Unknown names are errors with a did-you-mean; HF / LLaMA-Factory names
+    zerotrain lacks are refused naming ours, or accepted with a line in `notices`
+    (hf_options.py); `explicit` collects the names the user set (the DeepSpeed config may
+    only disagree with options left at defaults)."""
+    from . import hf_options
+
     known = {name: (cls, f) for cls in ALL for name, f in fields_of(cls).items()}
     alias = aliases()
     per_class: dict[type, dict] = {cls: {} for cls in ALL}
     for key, value in values.items():
         name = alias.get(key, key)
         if name not in known:
+            if hf_options.is_foreign(key):
+                note = hf_options.foreign(key, value)
+                if note and notices is not None:
+                    notices.append(note)
+                continue
             raise ConfigError(f"{key}: unknown option{did_you_mean(key, list(known) + list(alias))}")
         cls, f = known[name]
         if name in per_class[cls] and key in alias:
             raise ConfigError(f"{key} and {name} set the same option; keep {name}")
-        per_class[cls][name] = convert(key, f, value)
+        per_class[cls][name] = convert(key, f, hf_options.map_value(name, value))
         if explicit is not None:
             explicit.add(name)
     model, data = ModelArguments(**per_class[ModelArguments]), DataArguments(**per_class[DataArguments])
     training = TrainingArguments(**per_class[TrainingArguments])
     if not training.output_dir:
         raise ConfigError("output_dir is required: pass --output_dir DIR")
+    check_together(model, data, training)
     return model, data, training
+
+
+def check_together(model: ModelArguments, data: DataArguments, training: TrainingArguments) -> None:
+    """Checks across the three groups that need nothing loaded."""
+    for name, choices, value in (("task", TASKS, model.task), ("sft_format", SFT_FORMATS, data.sft_format)):
+        if value not in choices:
+            raise ConfigError(f"{name}: should be one of {', '.join(choices)}, got {value!r}"
+                              f"{did_you_mean(str(value), choices)}")
+    if model.task != "sft":
+        for name in ("train_on_prompt", "packing"):
+            if getattr(data, name):
+                raise ConfigError(f"{name} is for --task sft (this run's task is {model.task})")
+        if data.chat_template is not None:
+            raise ConfigError(f"chat_template is for --task sft (this run's task is {model.task})")
+    if model.lora_rank < 0:
+        raise ConfigError(f"lora_rank: should be >= 0, got {model.lora_rank}")
+    if not 0.0 <= model.lora_dropout < 1.0:
+        raise ConfigError(f"lora_dropout: should be in [0, 1), got {model.lora_dropout}")
+    if model.modules_to_save and model.lora_rank == 0:
+        raise ConfigError("modules_to_save needs LoRA: set --lora_rank > 0")
+    if model.model_name_or_path and model.model_config:
+        raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
+                          "config, not both")
+    if training.do_predict and not data.test_file:
+        raise ConfigError("do_predict needs --test_file PATH")
+    if data.test_file and not training.do_predict:
+        raise ConfigError("test_file is read only with --do_predict; add it or drop test_file")
+
+
+def check_data_plan(data: DataArguments, training: TrainingArguments) -> None:
+    """The data files asked for match what the run will do (train, evaluate, predict)."""
+    trains = training.do_train is not False
+    has_eval = bool(data.validation_file) or (bool(data.train_file) and data.validation_split_percentage > 0)
+    if trains and not data.train_file:
+        raise ConfigError("train_file is required: pass --train_file PATH (or --do_train false to evaluate only)")
+    if not trains and not (has_eval or training.do_predict):
+        raise ConfigError("do_train false leaves nothing to do: pass --validation_file (or --train_file with "
+                          "validation_split_percentage > 0) to evaluate, or --do_predict with --test_file")
+    if (training.eval_strategy != "no" or training.do_eval) and not has_eval:
+        what = f"eval_strategy {training.eval_strategy}" if training.eval_strategy != "no" else "do_eval"
+        raise ConfigError(f"{what} needs evaluation data: pass --validation_file or a validation_split_percentage "
+                          "that leaves at least one sample")

@@ -1,13 +1,11 @@
-"""`zerotrain train` on one rank: tokenizer -> model -> data -> LoRA -> Trainer.
+"""`zerotrain train` on one rank: preflight -> tokenizer -> data -> model -> LoRA -> Trainer.
 
-The order matters: the data sets the number of labels a classifier needs and the block size
+The options and the DeepSpeed config are checked first, before anything is loaded. The order matters: the data sets the number of labels a classifier needs and the block size
 the model must hold, the seed is set before any weight is drawn, and LoRA goes on after
 `init_from` so the adapter sits on the loaded weights.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from ..comm import Comm, init_parallel
 from ..errors import ConfigError
@@ -16,14 +14,18 @@ from .args import DataArguments, ModelArguments, TrainingArguments
 
 def run(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments,
         explicit: set[str] | None = None, callbacks=()) -> dict:
-    from . import models
-    from .data import prepare
-    from .tokenizer import load_tokenizer
-    from .trainer import Trainer, set_seed
+    from .data.prepare import prepare
+    from .data.tokenizer import load_tokenizer
+    from .loop.trainer import Trainer, set_seed
+    from .model import build as models
+
+    from .preflight import check_nodes, preflight
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
+    check_nodes(comm)
+    preflight(model_args, data_args, train_args, explicit if explicit is not None else set(), comm.world_size)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
-    positions = _positions_hint(model_args)
+    positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
     data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm)
     num_labels = len(data.labels) if data.labels else None
     set_seed(train_args.seed)
@@ -36,7 +38,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
         models.init_from(model, model_args.init_from, comm.rank)
     lora_config = None
     if model_args.lora_rank > 0:
-        from .lora import apply_lora, count_parameters
+        from .model.lora import apply_lora, count_parameters
 
         family = "zerotrain" if info.kind in ("gpt", "bert") else info.config.get("model_type", "")
         lora_config = apply_lora(model, family, model_args.lora_rank, model_args.lora_alpha,
@@ -46,52 +48,19 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
         if comm.rank == 0:
             print(f"LoRA rank {model_args.lora_rank} on {', '.join(lora_config['target_modules'])}: "
                   f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%)", flush=True)
-    elif model_args.modules_to_save:
-        raise ConfigError("modules_to_save needs LoRA: set --lora_rank > 0")
+    train = data.train if train_args.do_train is not False else None
     if comm.rank == 0:
-        n = sum(p.numel() for p in model.parameters())
-        print(f"model {type(model).__name__} ({n / 1e6:.2f}M parameters), task {model_args.task}, "
-              f"{len(data.train)} training samples of up to {data.block_size} tokens"
-              f"{f', {len(data.eval)} eval samples' if data.eval is not None else ''}, "
-              f"{comm.world_size} process{'es' if comm.world_size > 1 else ''}", flush=True)
-    if train_args.eval_strategy != "no" and data.eval is None:
-        raise ConfigError(f"eval_strategy {train_args.eval_strategy} needs evaluation data: pass --validation_file "
-                          "or a validation_split_percentage that leaves at least one sample")
-    trainer = Trainer(model, train_args, data.train, data.eval, task=model_args.task, tokenizer=tokenizer,
+        counts = [f"{len(ds)} {name} samples" for name, ds in (("training", train), ("eval", data.eval),
+                                                                ("test", data.test)) if ds is not None]
+        print(f"data: {', '.join(counts)} of up to {data.block_size} tokens", flush=True)
+        for note in data.notes:
+            print(f"zerotrain: note: {note}", flush=True)
+    if (train_args.eval_strategy != "no" or train_args.do_eval) and data.eval is None:
+        what = f"eval_strategy {train_args.eval_strategy}" if train_args.eval_strategy != "no" else "do_eval"
+        raise ConfigError(f"{what} needs evaluation data: pass --validation_file or a validation_split_percentage "
+                          "that leaves at least one sample")
+    trainer = Trainer(model, train_args, train, data.eval, task=model_args.task, tokenizer=tokenizer,
                       model_info=info, lora_config=lora_config, base_model=model_args.model_name_or_path,
                       num_labels=num_labels, block_size=data.block_size, mlm_probability=data_args.mlm_probability,
-                      callbacks=callbacks, explicit=explicit)
+                      callbacks=callbacks, explicit=explicit, test_dataset=data.test, label_names=data.labels)
     return trainer.train()
-
-
-def _positions_hint(model_args: ModelArguments) -> int | None:
-    """The model's position count before building it (the default block size needs it)."""
-    import json
-
-    from .models import OURS_FILE, PRESETS
-
-    spec = None
-    if model_args.model_config in PRESETS:
-        spec = PRESETS[model_args.model_config]
-    elif model_args.model_config and Path(model_args.model_config).is_file():
-        from .models import _read_mapping
-
-        spec = _read_mapping(Path(model_args.model_config))
-    elif model_args.model_name_or_path:
-        folder = Path(model_args.model_name_or_path)
-        for name in (OURS_FILE, "config.json"):
-            if (folder / name).is_file():
-                data = json.loads((folder / name).read_text(encoding="utf-8"))
-                spec = data.get("config", data)
-                break
-    if not spec:
-        return None
-    for key in ("n_positions", "max_position_embeddings"):
-        if key in spec:
-            return int(spec[key])
-    from ..models import BertConfig, GPTConfig
-
-    kind = spec.get("zerotrain_model")
-    if kind in ("gpt", "bert"):
-        return (GPTConfig if kind == "gpt" else BertConfig)().n_positions
-    return None  # an HF config without the key: checked once the model is built

@@ -45,7 +45,7 @@ def options(tmp_path: Path, **extra) -> dict:
 def run(values: dict, callbacks=()):
     """Train in this process; returns (results, metrics records)."""
     from zerotrain.trainer.args import build
-    from zerotrain.trainer.metrics import read_metrics
+    from zerotrain.trainer.report.metrics_log import read_metrics
     from zerotrain.trainer.pipeline import run as run_pipeline
 
     explicit: set[str] = set()

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
+from ...errors import ConfigError
+from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
 
 log = logging.getLogger("zerotrain")
 
@@ -35,7 +35,7 @@ PRESETS = {
     "llama-tiny": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128},
 }
-_OURS = {"gpt": (GPTConfig, {"clm": GPT}),
+_OURS = {"gpt": (GPTConfig, {"clm": GPT, "sft": GPT}),
          "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
 
 
@@ -92,7 +92,8 @@ def _build_ours(spec: dict, task: str, tokenizer, num_labels: int | None) -> tup
 def _hf_class(task: str):
     import transformers
 
-    return {"clm": transformers.AutoModelForCausalLM, "mlm": transformers.AutoModelForMaskedLM,
+    return {"clm": transformers.AutoModelForCausalLM, "sft": transformers.AutoModelForCausalLM,
+            "mlm": transformers.AutoModelForMaskedLM,
             "classification": transformers.AutoModelForSequenceClassification}[task]
 
 
@@ -126,26 +127,34 @@ def _build_hf_from_config(spec: dict, task: str, tokenizer, num_labels: int | No
     return model, _hf_info(model, task)
 
 
-def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
-                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+def check_model_source(model_name_or_path: str | None, model_config: str | None) -> None:
+    """The model options name something that exists (checked before anything is loaded)."""
     if model_name_or_path and model_config:
         raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
                           "config, not both")
     if model_name_or_path:
-        return load_model(model_name_or_path, task, num_labels)
+        folder = Path(model_name_or_path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
+        if not (folder / OURS_FILE).is_file() and not (folder / "config.json").is_file():
+            raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
+        return
     if not model_config:
         raise ConfigError("no model: pass --model_name_or_path FOLDER or --model_config "
                           f"({', '.join(PRESETS)} or a config file)")
-    if model_config in PRESETS:
-        spec = PRESETS[model_config]
-    else:
-        path = Path(model_config).expanduser()
-        if not path.is_file():
-            from ..errors import did_you_mean
+    if model_config not in PRESETS and not Path(model_config).expanduser().is_file():
+        from ...errors import did_you_mean
 
-            raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
-                              f"existing file{did_you_mean(model_config, PRESETS)}")
-        spec = _read_mapping(path)
+        raise ConfigError(f"model_config {model_config!r}: neither a preset ({', '.join(PRESETS)}) nor an "
+                          f"existing file{did_you_mean(model_config, PRESETS)}")
+
+
+def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
+                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    check_model_source(model_name_or_path, model_config)
+    if model_name_or_path:
+        return load_model(model_name_or_path, task, num_labels)
+    spec = PRESETS[model_config] if model_config in PRESETS else _read_mapping(Path(model_config).expanduser())
     if "zerotrain_model" in spec:
         return _build_ours(spec, task, tokenizer, num_labels)
     if "model_type" in spec:
@@ -158,7 +167,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Model weights of a folder we or HF wrote, or of a training checkpoint (stages 0-2)."""
     from safetensors.torch import load_file
 
-    from ..checkpoint.store import load_file as load_checkpoint_file
+    from ...checkpoint.store import load_file as load_checkpoint_file
 
     if (folder / WEIGHTS_FILE).is_file():
         return load_file(str(folder / WEIGHTS_FILE))
@@ -170,9 +179,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path_text: str, task: str, num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+    check_model_source(path_text, None)
     folder = Path(path_text).expanduser()
-    if not folder.is_dir():
-        raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
     if (folder / OURS_FILE).is_file():
         meta = json.loads((folder / OURS_FILE).read_text(encoding="utf-8"))
         spec = {"zerotrain_model": meta["model"], **meta["config"]}
@@ -181,8 +189,6 @@ def load_model(path_text: str, task: str, num_labels: int | None = None) -> tupl
         model, info = _build_ours(spec, task, None, None)
         load_matching(model, read_weights(folder), str(folder), strict=meta.get("task") == task)
         return model, info
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
     kwargs = {"num_labels": num_labels} if task == "classification" and num_labels else {}
     try:
         model = _hf_class(task).from_pretrained(str(folder), **kwargs)
@@ -210,10 +216,15 @@ def load_matching(model: nn.Module, state: dict, source: str, strict: bool = Fal
     return missing, unexpected
 
 
-def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+def check_init_from(path_text: str) -> Path:
     folder = Path(path_text).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"init_from {folder}: not a folder")
+    return folder
+
+
+def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+    folder = check_init_from(path_text)
     missing, unexpected = load_matching(model, read_weights(folder), str(folder))
     if rank == 0:
         print(f"init_from {folder}: loaded with strict=False\n  missing keys (newly initialised): "
@@ -241,44 +252,26 @@ def save_model(folder: Path, model: nn.Module, info: ModelInfo, state: dict, tok
         tokenizer.save_pretrained(str(folder))
 
 
-# ---- gradient checkpointing ----------------------------------------------------------------
-_CHECKPOINTED: dict[type, type] = {}
-
-
-def _checkpointed_class(cls: type) -> type:
-    """A subclass whose __call__ runs under torch.utils.checkpoint. Changing the block's class
-    (not wrapping it) keeps parameter names, and the module hooks (ZeRO-3 gathers) run inside
-    the checkpointed call, so the recompute in backward gathers again."""
-
-    def __call__(self, *args, **kwargs):
-        if not (self.training and torch.is_grad_enabled()):
-            return cls.__call__(self, *args, **kwargs)
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(cls.__call__, self, *args, use_reentrant=False, **kwargs)
-
-    if cls not in _CHECKPOINTED:
-        _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": __call__})
-    return _CHECKPOINTED[cls]
-
-
-def enable_gradient_checkpointing(model: nn.Module) -> int:
-    """Recompute every transformer block in backward; returns the number of blocks."""
-    from ..features.layer_drop import find
-
-    lists = find(model)
-    if not lists:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
-        if hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
-        raise ConfigError(f"gradient_checkpointing: {type(model).__name__} has no block list zerotrain knows; "
-                          "use a zerotrain or HF model")
-    count = 0
-    for blocks in lists:
-        for block in blocks._modules.values():
-            block.__class__ = _checkpointed_class(type(block))
-            count += 1
-    return count
+def positions_hint(model_name_or_path: str | None, model_config: str | None) -> int | None:
+    """The model's position count before building it (the default block size needs it)."""
+    spec = None
+    if model_config in PRESETS:
+        spec = PRESETS[model_config]
+    elif model_config and Path(model_config).is_file():
+        spec = _read_mapping(Path(model_config))
+    elif model_name_or_path:
+        folder = Path(model_name_or_path)
+        for name in (OURS_FILE, "config.json"):
+            if (folder / name).is_file():
+                data = json.loads((folder / name).read_text(encoding="utf-8"))
+                spec = data.get("config", data)
+                break
+    if not spec:
+        return None
+    for key in ("n_positions", "max_position_embeddings"):
+        if key in spec:
+            return int(spec[key])
+    kind = spec.get("zerotrain_model")
+    if kind in ("gpt", "bert"):
+        return (GPTConfig if kind == "gpt" else BertConfig)().n_positions
+    return None  # an HF config without the key: checked once the model is built

@@ -3,14 +3,18 @@ and against trained tokens (right column).
 
     row 1  training loss and eval loss
     row 2  learning rate
-    row 3  curriculum sequence length and layer-drop theta (when the run had them)
+    row 3+ one row per number the engine's features logged (a curriculum's seqlen, layer
+           drop's pld_theta, ...), whatever the features are
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .metrics import read_metrics
+from .metrics_log import read_metrics
+
+# what every training record holds; anything else numeric in one came from a feature
+_STANDARD = {"step", "epoch", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "loss_scale"}
 
 
 def _series(records: list[dict], key: str) -> tuple[list, list, list]:
@@ -24,14 +28,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..errors import DataError
+    from ...errors import DataError
 
     records = read_metrics(run_dir)
     if not any("loss" in r for r in records):
         raise DataError(f"{Path(run_dir) / 'metrics.jsonl'}: no training loss logged yet")
     out = Path(out) if out else Path(run_dir) / "plot.png"
-    extra = [k for k in ("seqlen", "theta") if any(k in r for r in records)]
-    rows = 2 + (1 if extra else 0)
+    extra = sorted({k for r in records if "loss" in r for k, v in r.items()
+                    if k not in _STANDARD and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    rows = 2 + len(extra)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 3.2 * rows), squeeze=False)
     for col, (xi, xlabel) in enumerate(((0, "optimizer step"), (1, "tokens trained"))):
         ax = axes[0][col]
@@ -44,16 +49,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         s = _series(records, "lr")
         axes[1][col].plot(s[xi], s[2], color="tab:green")
         axes[1][col].set_ylabel("learning rate")
-        if extra:
-            ax = axes[2][col]
-            s = _series(records, extra[0])
-            ax.plot(s[xi], s[2], color="tab:purple", label=extra[0])
-            ax.set_ylabel(extra[0])
-            if len(extra) > 1:
-                twin = ax.twinx()
-                s = _series(records, extra[1])
-                twin.plot(s[xi], s[2], color="tab:orange", label=extra[1])
-                twin.set_ylabel(extra[1])
+        for row, key in enumerate(extra, start=2):
+            s = _series(records, key)
+            axes[row][col].plot(s[xi], s[2], color="tab:purple")
+            axes[row][col].set_ylabel(key)
         for r in range(rows):
             axes[r][col].grid(alpha=0.3)
         axes[rows - 1][col].set_xlabel(xlabel)

@@ -1,8 +1,8 @@
 """The run folder: refusing to overwrite, resuming, and keeping only save_total_limit checkpoints.
 
     output_dir/
-        checkpoint-<step>/   engine checkpoint (model_states.pt, optim_rank*.pt, rng_rank*.pt,
-                             manifest.json) + model weights or adapter + tokenizer
+        checkpoint-<step>/   engine checkpoint (model_states.pt, optim_rank*.pt, rng_rank*.pt)
+                             + model weights or adapter + tokenizer, all in its manifest.json
         latest               the newest complete checkpoint's folder name
         metrics.jsonl        one record per logging / eval step
         tensorboard/         the same numbers as TensorBoard scalars
@@ -16,14 +16,14 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import CheckpointError, ConfigError
+from ...errors import CheckpointError, ConfigError
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # What a run writes at the top of output_dir; --overwrite_output_dir clears only these.
 RUN_FILES = ("latest", "metrics.jsonl", "tensorboard", "trainer_state.json", "plot.png", "model.safetensors",
              "zerotrain_model.json", "config.json", "generation_config.json", "adapter_config.json",
              "adapter_model.safetensors", "zerotrain_adapter.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json")
+             "special_tokens_map.json", "chat_template.jinja", "predictions.jsonl")
 
 
 def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
@@ -89,3 +89,36 @@ def rotate(output_dir: Path, limit: int | None, keep: Path | None) -> list[Path]
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
     return removed
+
+
+def check_storage(comm, output_dir: Path, node_local: bool) -> None:
+    """With several nodes: output_dir is shared by all of them, or (node-local storage) by none.
+    Local rank 0 of each node leaves a marker and every node says whose markers it sees; a
+    mismatch with checkpoint.use_node_local_storage would crash the first save, or let two
+    nodes overwrite each other's files."""
+    node_of = comm.all_gather_object(comm.state.node)
+    nodes = max(node_of) + 1
+    if nodes == 1:
+        return
+    marker = output_dir / f".zerotrain-node{comm.state.node}"
+    if comm.state.local_rank == 0:
+        marker.touch()
+    comm.barrier()
+    seen = comm.all_gather_object(sorted(n for n in range(nodes) if (output_dir / f".zerotrain-node{n}").exists()))
+    comm.barrier()
+    if comm.state.local_rank == 0:
+        marker.unlink(missing_ok=True)
+    everyone = list(range(nodes))
+    if node_local and any(len(s) > 1 for s in seen):
+        rank = next(r for r, s in enumerate(seen) if len(s) > 1)
+        raise ConfigError(f"checkpoint.use_node_local_storage is set, but output_dir {output_dir} is shared: node "
+                          f"{node_of[rank]} sees the files of nodes {', '.join(map(str, seen[rank]))}, so their "
+                          "checkpoint writers would overwrite each other; drop use_node_local_storage, or give each "
+                          "node a folder of its own")
+    if not node_local and any(s != everyone for s in seen):
+        rank = next(r for r, s in enumerate(seen) if s != everyone)
+        missing = sorted(set(everyone) - set(seen[rank]))
+        raise ConfigError(f"output_dir {output_dir} is not shared between the nodes: node {node_of[rank]} does not see "
+                          f"the files of node {missing[0]}; set \"checkpoint\": {{\"use_node_local_storage\": true}} "
+                          "in the DeepSpeed config (each node keeps its own ranks' checkpoint files), or use a "
+                          "folder every node mounts")

@@ -1,6 +1,6 @@
 """What rank 0 shows while training: a progress bar and the final summary table.
 
-    train  37%|████▍       | 150/400 [00:41<01:08, 3.6step/s, loss=3.12, lr=8.1e-04, tok/s=9.4k, seqlen=96, theta=0.87]
+    train  37%|████▍       | 150/400 [00:41<01:08, 3.6step/s, loss=3.12, lr=8.1e-04, tok/s=9.4k, seqlen=96, pld_theta=0.87]
 
 Without a terminal (or with --disable_tqdm) the bar is off and each logging step prints one
 line instead, so logs stay readable in files and CI.
@@ -48,12 +48,13 @@ class Progress:
             self.bar.write(" ".join(f"{k}={_short(v)}" for k, v in record.items()))
 
     @staticmethod
-    def postfix(record: dict) -> dict:
+    def postfix(record: dict, extra=()) -> dict:
+        """Loss, lr and tok/s of a logging record, plus the `extra` keys (what features report)."""
         out = {}
-        for key, label in (("loss", "loss"), ("lr", "lr"), ("tokens_per_s", "tok/s"), ("seqlen", "seqlen"),
-                           ("theta", "theta")):
+        for key in ("loss", "lr", "tokens_per_s", *extra):
             if key in record:
-                out[label] = _rate(record[key]) if key == "tokens_per_s" else _short(record[key])
+                value = record[key]
+                out["tok/s" if key == "tokens_per_s" else key] = _rate(value) if key == "tokens_per_s" else _short(value)
         return out
 
     def close(self) -> None:

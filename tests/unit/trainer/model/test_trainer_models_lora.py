@@ -9,9 +9,10 @@ import torch
 from trainer_helpers import Capture, options, run, write_classification
 
 from zerotrain.errors import ConfigError
-from zerotrain.trainer import lora, models
-from zerotrain.trainer.metrics import finish
-from zerotrain.trainer.tokenizer import byte_tokenizer
+from zerotrain.trainer.data.tokenizer import byte_tokenizer
+from zerotrain.trainer.loop.evaluate import finish
+from zerotrain.trainer.model import build as models
+from zerotrain.trainer.model import lora
 
 
 @pytest.mark.parametrize("preset, task, cls", [
@@ -56,9 +57,19 @@ def test_hf_run_saves_a_folder_from_pretrained_reads(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(out))
     tok = AutoTokenizer.from_pretrained(str(out))
     assert type(model).__name__ == "LlamaForCausalLM" and tok.pad_token == "<|pad|>"
+    modes = Modes()
     res, _ = run(options(tmp_path, model_name_or_path=str(out), model_config=None, max_steps=1,
-                         output_dir=str(tmp_path / "again")))
-    assert res["global_step"] == 1
+                         output_dir=str(tmp_path / "again")), [modes])
+    # from_pretrained returns the model in eval mode; it trains in training mode all the same
+    assert res["global_step"] == 1 and modes.training == [True] and res["tokens"] == 4 * 32
+
+
+class Modes:
+    def __init__(self):
+        self.training = []
+
+    def on_step_end(self, trainer):
+        self.training.append(trainer.model.training)
 
 
 def test_init_from_mlm_encoder_for_classification(tmp_path, capsys):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import DataError
+from ...errors import DataError
 
 MEGABATCH = 50  # global batches sorted together, as HF's length-grouped sampler does
 
@@ -95,3 +95,10 @@ class EvalSampler(Sampler[int]):
 
     def valid(self) -> list[bool]:
         return [self.rank + k * self.world < self.n for k in range(self.per_rank)]
+
+
+def sample_lengths(dataset) -> list[int]:
+    """Tokens per sample, for group_by_length: the tokenized sets carry a length column."""
+    if hasattr(dataset, "column_names") and "length" in dataset.column_names:
+        return list(dataset["length"])
+    return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from zerotrain.trainer.data import Collator
-from zerotrain.trainer.sampler import EvalSampler, TrainSampler, plan_epoch
+from zerotrain.trainer.data.collate import Collator
+from zerotrain.trainer.data.sampler import EvalSampler, TrainSampler, plan_epoch
 
 
 @pytest.mark.parametrize("grouped", [False, True])

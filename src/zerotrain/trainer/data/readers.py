@@ -18,7 +18,7 @@ import io
 import json
 from pathlib import Path
 
-from ..errors import DataError
+from ...errors import DataError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv")
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")

@@ -34,7 +34,7 @@ def test_consecutive_skips_stop_the_run_and_save_the_last_good_state(tmp_path):
 
 def test_resume_with_another_process_count_is_refused(tmp_path, monkeypatch):
     from zerotrain.errors import ConfigError
-    from zerotrain.trainer.trainer import Trainer
+    from zerotrain.trainer.loop.trainer import Trainer
 
     state = Trainer._state
     monkeypatch.setattr(Trainer, "_state", lambda self: dict(state(self), world_size=2))  # "written by 2"

@@ -10,10 +10,11 @@ from trainer_helpers import lines, write_text
 
 from zerotrain.comm import Comm, ParallelState
 from zerotrain.errors import ConfigError, DataError
-from zerotrain.trainer import data as tdata
+from zerotrain.trainer.data import prepare as tdata
+from zerotrain.trainer.data.collate import mask_tokens
 from zerotrain.trainer.args import DataArguments, ModelArguments
-from zerotrain.trainer.readers import read_table
-from zerotrain.trainer.tokenizer import byte_tokenizer
+from zerotrain.trainer.data.readers import read_table
+from zerotrain.trainer.data.tokenizer import byte_tokenizer
 
 COMM = Comm(ParallelState())
 
@@ -187,10 +188,31 @@ def test_mlm_masking_rates(tmp_path):
     tok = byte_tokenizer()
     ids = torch.randint(0, 256, (64, 64))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    out = tdata.mask_tokens(batch, tok, 0.15, torch.Generator().manual_seed(0))
+    out = mask_tokens(batch, tok, 0.15, torch.Generator().manual_seed(0))
     picked = out["labels"] != -100
     assert 0.13 < picked.float().mean() < 0.17
     assert torch.equal(out["labels"][picked], ids[picked])
     masked = (out["input_ids"] == tok.mask_token_id) & picked
     assert 0.75 < masked.sum() / picked.sum() < 0.85
     assert torch.equal(out["input_ids"][~picked], ids[~picked])
+
+
+class SecondNode:
+    """Rank 1, local rank 0 of its node, whose disk does not hold rank 0's cache folder."""
+
+    def __init__(self, rank0_cache: str):
+        self.rank, self.world_size, self.state = 1, 2, ParallelState(rank=1, world_size=2, local_rank=0)
+        self.calls, self.rank0_cache = 0, rank0_cache
+
+    def all_gather_object(self, obj):
+        self.calls += 1
+        return [("ok", self.rank0_cache), obj] if self.calls == 1 else [None, obj]
+
+
+def test_a_node_that_cannot_see_rank_0s_cache_tokenizes_for_itself(tmp_path):
+    path = write_text(tmp_path / "t.txt", n=40)
+    comm = SecondNode(str(tmp_path / "elsewhere" / "abc"))
+    out = tdata.prepare(ModelArguments(), DataArguments(train_file=str(path), block_size=16,
+                                                        cache_dir=str(tmp_path / "node1")),
+                        0, byte_tokenizer(), 128, comm)
+    assert len(out.train) > 0 and comm.calls == 2 and any((tmp_path / "node1").iterdir())

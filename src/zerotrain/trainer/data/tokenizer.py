@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>"}
 
@@ -47,6 +47,14 @@ def train_bpe(texts, vocab_size: int):
     return _wrap(tok)
 
 
+def check_tokenizer_source(name_or_path: str) -> Path:
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ConfigError(f"tokenizer_name_or_path {path}: does not exist (no download: give a local "
+                          "folder or tokenizer.json)")
+    return path
+
+
 def load_tokenizer(name_or_path: str | None, model_dir: str | None = None):
     """The tokenizer for a run: explicit path, else the model folder's, else byte-level."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -56,10 +64,7 @@ def load_tokenizer(name_or_path: str | None, model_dir: str | None = None):
             name_or_path = model_dir
         else:
             return byte_tokenizer()
-    path = Path(name_or_path).expanduser()
-    if not path.exists():
-        raise ConfigError(f"tokenizer_name_or_path {path}: does not exist (no download: give a local "
-                          "folder or tokenizer.json)")
+    path = check_tokenizer_source(name_or_path)
     try:
         if path.is_file():
             tok = PreTrainedTokenizerFast(tokenizer_file=str(path))

@@ -1,0 +1,65 @@
+"""Batches from tokenized samples: padding into tensors, and BERT's masking for mlm."""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import ConfigError
+
+
+class Collator:
+    """Pads a list of samples into tensors: input_ids, attention_mask, labels (clm: the ids, -100
+    at padding; sft: the sample's labels, -100 at padding; classification: class ids). Packed
+    sft samples carry position_ids instead of a mask (see packing.py); padding then gets
+    positions of its own, so no real token attends to it. MLM masking happens later, in the
+    main process, so it draws from the RNG the checkpoints restore."""
+
+    def __init__(self, task: str, pad_id: int | None):
+        self.task = task
+        self.pad_id = 0 if pad_id is None else pad_id
+
+    def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(s["input_ids"]) for s in samples)
+        ids = torch.full((len(samples), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(samples), longest), dtype=torch.long)
+        for i, s in enumerate(samples):
+            row = torch.as_tensor(s["input_ids"], dtype=torch.long)
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        batch = {"input_ids": ids, "attention_mask": mask}
+        if self.task == "classification":
+            batch["labels"] = torch.as_tensor([s["labels"] for s in samples], dtype=torch.long)
+        elif self.task == "clm":
+            batch["labels"] = ids.masked_fill(mask == 0, -100)
+        elif self.task == "sft":
+            labels = torch.full_like(ids, -100)
+            for i, s in enumerate(samples):
+                labels[i, : len(s["labels"])] = torch.as_tensor(s["labels"], dtype=torch.long)
+            batch["labels"] = labels
+            if "position_ids" in samples[0]:
+                positions = torch.arange(longest).repeat(len(samples), 1)
+                for i, s in enumerate(samples):
+                    positions[i, : len(s["position_ids"])] = torch.as_tensor(s["position_ids"], dtype=torch.long)
+                    positions[i, len(s["position_ids"]):] -= len(s["position_ids"])
+                batch["position_ids"] = positions
+                del batch["attention_mask"]
+        return batch
+
+
+def mask_tokens(batch: dict, tokenizer, probability: float, generator: torch.Generator | None = None) -> dict:
+    """BERT masking: pick `probability` of the real tokens; of those 80% -> mask, 10% -> a
+    random token, 10% unchanged. Labels hold the original id at picked positions, else -100."""
+    if tokenizer.mask_token_id is None:
+        raise ConfigError("task mlm needs a tokenizer with a mask token")
+    ids = batch["input_ids"].clone()
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    for tid in set(tokenizer.all_special_ids):
+        special |= ids == tid
+    candidates = (batch["attention_mask"] == 1) & ~special
+    picked = (torch.rand(ids.shape, generator=generator) < probability) & candidates
+    labels = ids.masked_fill(~picked, -100)
+    r = torch.rand(ids.shape, generator=generator)
+    ids[picked & (r < 0.8)] = tokenizer.mask_token_id
+    swap = picked & (r >= 0.8) & (r < 0.9)
+    ids[swap] = torch.randint(len(tokenizer), ids.shape, generator=generator)[swap]
+    return {**batch, "input_ids": ids, "labels": labels}

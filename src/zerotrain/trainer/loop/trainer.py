@@ -1,0 +1,410 @@
+"""`Trainer`: HF Trainer's loop on top of the zerotrain engine.
+
+    Trainer(model, args, train_dataset, eval_dataset, ...).train()
+
+    build:  join the process group (ddp_timeout) -> DeepSpeed config from the args (ds_config.py)
+            -> zerotrain.initialize -> sampler and loader (data/sampler.py)
+    loop:   for each micro-batch: engine(batch) -> engine.backward -> engine.step (step.py)
+            at each optimizer step: one all-reduce of (loss, micro-batches, tokens) -> log / evaluate / save
+    end:    final evaluation, model (or adapter) + tokenizer to output_dir, summary table
+
+Curriculum, layer drop and ZeRO come from the DeepSpeed config and act inside the engine; the
+trainer logs whatever the engine's features report (`log_fields`) without naming any of them.
+
+    tokens        features.batch.count_tokens of every training forward (after any curriculum
+                  cut, padding left out), summed over all ranks: the token budget's count too
+    tokens_per_s  those tokens / seconds spent training; evaluation and checkpoint saves are
+                  left out (an eval record carries its own eval_runtime)
+
+A run stops early, on every rank at the same step, when the token budget is spent or on
+Ctrl-C / SIGTERM (interrupt.py: checkpoint, resume command, exit 130 / 143). The last step
+always has a checkpoint unless save_strategy is no.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+import zerotrain
+
+from ...comm import Comm, init_parallel
+from ...engine.checkpointing import writes_shared_files
+from ...errors import ConfigError, DataError, NonFiniteStepsError
+from ...schedules import get_scheduler, resolve_warmup_steps
+from ..args import TrainingArguments
+from ..data.collate import Collator
+from ..data.sampler import TrainSampler, sample_lengths
+from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length
+from ..model.build import ModelInfo
+from ..model.gradient_checkpointing import enable_gradient_checkpointing
+from ..report.banner import banner
+from ..report.metrics_log import MetricsLog, write_predictions
+from ..report.progress import Progress, summary_table
+from . import run_folder
+from .evaluate import evaluate
+from .interrupt import StopRequest, interrupted
+from .step import MicroBatches, TrainClock, UnusedParameterCheck, decay_groups
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _explicit_of(args: TrainingArguments) -> set[str]:
+    """Options that differ from their defaults count as set by the user (Python API)."""
+    fresh = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+             for f in dataclasses.fields(args)}
+    return {name for name, default in fresh.items() if getattr(args, name) != default}
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset, eval_dataset=None, *,
+                 task: str = "clm", tokenizer=None, data_collator=None, model_info: ModelInfo | None = None,
+                 lora_config: dict | None = None, base_model: str | None = None, num_labels: int | None = None,
+                 block_size: int | None = None, mlm_probability: float = 0.15, callbacks=(),
+                 explicit: set[str] | None = None, test_dataset=None, label_names: list | None = None):
+        self.args, self.task, self.tokenizer = args, task, tokenizer
+        self.model, self.lora_config, self.base_model = model, lora_config, base_model
+        self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom", task,
+                                            None, None, {})
+        self.num_labels = num_labels or getattr(getattr(model, "config", None), "num_labels", None) or 2
+        self.mlm_probability, self.callbacks = mlm_probability, list(callbacks)
+        self.train_dataset, self.eval_dataset, self.test_dataset = train_dataset, eval_dataset, test_dataset
+        self.label_names = label_names  # classification: class id -> the data's label, for predictions.jsonl
+        self.comm = Comm(init_parallel(timeout_s=args.ddp_timeout))
+        self.rank0 = self.comm.rank == 0
+        self.output_dir = Path(args.output_dir).expanduser()
+        resuming = bool(args.resume_from_checkpoint)
+        run_folder.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
+        if resuming:
+            run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
+        world = self.comm.world_size
+        ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
+                                                       world, self.info.hidden_size or model_hidden_size(model),
+                                                       block_size or (lambda: sample_length(train_dataset)))
+        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
+        self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
+        self.micro_per_epoch, self.loader = 1, None
+        if train_dataset is not None:  # None: evaluate only (do_train false)
+            lengths = sample_lengths(train_dataset) if args.group_by_length else None
+            self.sampler = TrainSampler(len(train_dataset), mb, self.comm.rank, world, args.seed, lengths)
+            self.loader = DataLoader(train_dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
+                                     num_workers=args.dataloader_num_workers,
+                                     generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
+            self.micro_per_epoch = len(self.loader) // ga * ga
+            if self.micro_per_epoch == 0:
+                raise ConfigError(f"an epoch has {len(self.loader)} micro-batches per process, fewer than "
+                                  f"gradient_accumulation_steps {ga}; lower it or the batch size, or add data")
+        set_seed(args.seed)
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        self.steps_per_epoch = self.micro_per_epoch // ga
+        self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
+            max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
+        schedule_steps = max(1, self.total_steps)
+        self.warmup_steps = resolve_warmup_steps(schedule_steps, args.warmup_steps, args.warmup_ratio)
+        check_no_auto_left(fill_schedule(ds, self.warmup_steps, schedule_steps))
+        self.ds_config = ds
+        factory = None
+        plateau = args.lr_scheduler_type == "reduce_lr_on_plateau"
+        if not uses_ds_scheduler and not plateau:
+            factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
+                                                schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        try:
+            self.engine, _, _, _ = zerotrain.initialize(model=model, config=ds, lr_scheduler=factory,
+                                                        model_parameters=decay_groups(model, args.weight_decay))
+        except ValueError as e:  # HF-style scheduler argument errors
+            if isinstance(e, (ConfigError, DataError)):
+                raise
+            raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
+        # every rank has checked the options, the data and the config before anything is touched
+        self.node_main = writes_shared_files(self.engine)  # rank 0; with node-local storage one per node
+        if self.node_main and args.overwrite_output_dir and not resuming:
+            run_folder.clear_previous_run(self.output_dir)
+        created = not self.output_dir.exists()
+        if self.comm.state.local_rank == 0 or self.rank0:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.comm.barrier()
+        try:
+            run_folder.check_storage(self.comm, self.output_dir, self.engine.config.checkpoint.use_node_local_storage)
+        except ConfigError:
+            if created and self.comm.state.local_rank == 0 and not any(self.output_dir.iterdir()):
+                self.output_dir.rmdir()  # leave no trace of a run that could not start
+            raise
+        self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
+                                     scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
+            if plateau and not uses_ds_scheduler else None
+        self.unused = UnusedParameterCheck(model) if args.ddp_find_unused_parameters is False else None
+        self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, mlm_probability)
+        self.keys = self.micro_batches.keys
+        if train_dataset is not None and "position_ids" in getattr(train_dataset, "column_names", ()) \
+                and "position_ids" not in self.keys:
+            raise ConfigError(f"packing needs a model whose forward takes position_ids (HF models); "
+                              f"{type(model).__name__}.forward does not")
+        self.stop = StopRequest()
+        self.clock = TrainClock()
+        self.epoch, self.micro_in_epoch, self.tokens = 0, 0, 0
+        self.best_metric, self.best_checkpoint, self.last_eval = None, None, {}
+        self.last_log: dict = {}
+        self.history: list[dict] = []
+        self.log: MetricsLog | None = None  # set by train(); a lone evaluate() only returns metrics
+        self.progress: Progress | None = None
+        self.last_saved: int | None = None  # step of the newest checkpoint this run wrote or resumed from
+        if self.rank0:
+            nodes = max(1, world // (self.comm.state.local_world_size or world))
+            print(banner(self.engine, model, task, self.total_steps, nodes), flush=True)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    @property
+    def train_time(self) -> float:
+        return self.clock.total
+
+    def epoch_progress(self) -> float:
+        return round(self.epoch + self.micro_in_epoch / self.micro_per_epoch, 4)
+
+    def feature_fields(self) -> dict:
+        """What the engine's features report now (curriculum seqlen, layer-drop theta, ...)."""
+        fields = {}
+        for feature in self.engine.features:
+            fields.update(feature.log_fields(self.engine))
+        if self.engine.loss_scaler is not None:
+            fields["loss_scale"] = self.engine.loss_scale
+        return fields
+
+    def _emit(self, record: dict) -> None:
+        self.history.append(record)
+        if self.rank0 and self.log is not None:
+            self.log.write(record)
+            self.progress.log(record)
+
+    # ---- training ----------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Train to max_steps (or epochs); without a training set, evaluate (and predict) only."""
+        with self.stop.deferred():
+            if self.train_dataset is None:
+                self.progress = Progress(0, 0, False, False)
+                if self.rank0:
+                    self.log = MetricsLog(self.output_dir, self.args.report_to == "tensorboard", None)
+                return self._finish(trained=False)
+            self._train_steps()
+            return self._finish()
+
+    def _train_steps(self) -> None:
+        args, engine = self.args, self.engine
+        resume_step = self._resume() if args.resume_from_checkpoint else None
+        if self.rank0:
+            self.log = MetricsLog(self.output_dir, args.report_to == "tensorboard", resume_step)
+        if resume_step is not None and resume_step >= self.total_steps and self.rank0:
+            print(f"zerotrain: the checkpoint is at step {resume_step}, max_steps is {self.total_steps}: nothing left "
+                  "to train; raise --max_steps (or num_train_epochs) to continue", flush=True)
+        self.progress = Progress(self.total_steps, engine.global_steps, self.rank0, not args.disable_tqdm)
+        engine.train()  # from_pretrained hands HF models over in eval mode (no dropout, no features)
+        self.clock = TrainClock(self.clock.total)
+        window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since the last log
+        while engine.global_steps < self.total_steps and not engine.should_stop():
+            self.sampler.set_epoch(self.epoch, skip=self.micro_in_epoch * args.per_device_train_batch_size)
+            for batch in self.loader:
+                if self.micro_in_epoch >= self.micro_per_epoch:
+                    break  # the remainder that does not fill an optimizer step
+                boundary = engine.is_gradient_accumulation_boundary()
+                try:
+                    self.micro_batches.run(batch)
+                except NonFiniteStepsError as e:
+                    self.micro_in_epoch += 1
+                    folder = self.save_checkpoint()
+                    raise NonFiniteStepsError(f"{e}; saved that state to {folder}", e.last_good_step) from None
+                self.micro_in_epoch += 1
+                if not boundary:
+                    continue
+                stats = torch.cat([self.micro_batches.take(), torch.tensor([self.stop.weight()], dtype=torch.float64)])
+                self.comm.all_reduce(stats)  # one small collective per optimizer step, the stop request with it
+                window += stats[:3]
+                self.tokens += int(stats[2])
+                if self.unused is not None:
+                    self.unused.check(engine.global_steps)
+                step = engine.global_steps
+                fields = self.feature_fields()
+                if step % args.logging_steps == 0 or step == self.total_steps:
+                    record = {"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens,
+                              "loss": window[0].item() / max(window[1].item(), 1.0), "lr": engine.get_lr()[0],
+                              "grad_norm": engine.get_global_grad_norm(),
+                              "tokens_per_s": round(window[2].item() / max(self.clock.lap(), 1e-9))}
+                    record.update({k: v for k, v in fields.items() if k not in record})
+                    self._emit({k: v for k, v in record.items() if v is not None})
+                    self.last_log = record
+                    window.zero_()
+                self.progress.step({**Progress.postfix(self.last_log), **Progress.postfix(fields, fields)})
+                signum = StopRequest.agreed(stats[3].item())
+                if signum:
+                    self._interrupted(step, signum)
+                epoch_done = self.micro_in_epoch >= self.micro_per_epoch
+                self._maybe_evaluate_and_save(step, epoch_done)
+                for cb in self.callbacks:
+                    getattr(cb, "on_step_end", lambda t: None)(self)
+                if step >= self.total_steps or engine.should_stop():
+                    break
+            if self.micro_in_epoch >= self.micro_per_epoch:
+                self.epoch, self.micro_in_epoch = self.epoch + 1, 0
+        if args.save_strategy != "no" and self.last_saved != engine.global_steps:
+            self.save_checkpoint()  # the last step always has a checkpoint
+        self.clock.stop()
+
+    def _interrupted(self, step: int, signum: int) -> None:
+        """Every rank is here at the same step: checkpoint (or name the last one), then raise."""
+        self.clock.stop()
+        if self.args.save_on_interrupt and self.last_saved != step:
+            self.save_checkpoint()
+        self.progress.close()
+        if self.log is not None:
+            self.log.close()
+        folder = str(self.output_dir / f"checkpoint-{self.last_saved}") if self.last_saved is not None else None
+        raise interrupted(signum, step, self.total_steps, folder, self.last_saved == step,
+                          self.comm.world_size != (self.comm.state.local_world_size or self.comm.world_size))
+
+    def _maybe_evaluate_and_save(self, step: int, epoch_done: bool) -> None:
+        args = self.args
+        evaluate = (args.eval_strategy == "steps" and step % args.eval_steps == 0) or \
+                   (args.eval_strategy == "epoch" and epoch_done)
+        if evaluate and self.eval_dataset is not None:
+            self.evaluate()
+        save = (args.save_strategy == "steps" and step % args.save_steps == 0) or \
+               (args.save_strategy == "epoch" and epoch_done)
+        if save:
+            self.save_checkpoint()
+
+    def evaluate(self) -> dict:
+        """Eval metrics over the whole eval set (every rank must call this)."""
+        if self.eval_dataset is None:
+            return {}
+        with self.clock.paused():
+            metrics = self._evaluate(self.eval_dataset)
+        step = self.engine.global_steps
+        self.last_eval = {"step": step, **metrics}
+        if self.plateau is not None and "eval_loss" in metrics:
+            self.plateau.step(metrics["eval_loss"])
+        self._emit({"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens, **metrics})
+        for cb in self.callbacks:
+            getattr(cb, "on_evaluate", lambda t, m: None)(self, metrics)
+        return metrics
+
+    def _evaluate(self, dataset, prefix: str = "eval", predictions: list | None = None) -> dict:
+        args = self.args
+        return evaluate(self.engine, dataset, collator=self.collator, keys=self.keys, task=self.task,
+                        num_labels=self.num_labels, batch_size=args.per_device_eval_batch_size,
+                        workers=args.dataloader_num_workers, seed=args.seed, tokenizer=self.tokenizer,
+                        mlm_probability=self.mlm_probability, prefix=prefix, predictions=predictions)
+
+    def predict(self, dataset) -> dict:
+        """test_* metrics over `dataset` (HF's predict); classification also writes the predicted
+        label of every row to predictions.jsonl (rank 0)."""
+        predictions = [] if self.task == "classification" else None
+        metrics = self._evaluate(dataset, "test", predictions)
+        if self.rank0 and predictions is not None:
+            write_predictions(self.output_dir, predictions, self.label_names)
+        self._emit({"step": self.engine.global_steps, "tokens": self.tokens, **metrics})
+        return metrics
+
+    # ---- saving and resuming -----------------------------------------------------------------
+    def _state(self) -> dict:
+        return {"epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "tokens": self.tokens,
+                "world_size": self.comm.world_size,
+                "train_time": self.clock.total, "best_metric": self.best_metric,
+                "best_checkpoint": self.best_checkpoint,
+                "plateau": self.plateau.state_dict() if self.plateau is not None else None}
+
+    def save_checkpoint(self) -> Path:
+        """checkpoint-<step>: the engine's files and the model folder (save_model), published
+        together under one manifest, so a checkpoint that verifies is also a loadable model."""
+        step = self.engine.global_steps
+        tag = f"checkpoint-{step}"
+        folder = self.output_dir / tag
+        metric = self.last_eval.get("eval_loss") if self.last_eval.get("step") == step else None
+        if metric is not None and (self.best_metric is None or metric < self.best_metric):
+            self.best_metric, self.best_checkpoint = metric, str(folder)
+        with self.clock.paused():
+            self.engine.save_checkpoint(str(self.output_dir), tag=tag, client_state={"trainer": self._state()},
+                                        extra_files=lambda staging: self.save_model(staging, self.node_main))
+            self.last_saved = step
+            if self.node_main:
+                best = Path(self.best_checkpoint) if self.best_checkpoint else None
+                run_folder.rotate(self.output_dir, self.args.save_total_limit, best)
+            self.comm.barrier()
+        for cb in self.callbacks:
+            getattr(cb, "on_save", lambda t, p: None)(self, folder)
+        return folder
+
+    def save_model(self, folder: Path | None = None, writer: bool | None = None) -> Path:
+        """Weights (or the LoRA adapter) + tokenizer, written by `writer` (default rank 0); a
+        collective under ZeRO-3, so every rank calls it."""
+        from ..model.build import save_model
+        from ..model.lora import save_adapter
+
+        folder = Path(folder) if folder is not None else self.output_dir
+        state = self.engine.module_state_dict()
+        if self.rank0 if writer is None else writer:
+            if self.lora_config is not None:
+                save_adapter(folder, state, self.lora_config, self.base_model)
+                if self.tokenizer is not None:
+                    self.tokenizer.save_pretrained(str(folder))
+            else:
+                save_model(folder, self.model, self.info, state, self.tokenizer)
+        return folder
+
+    def _resume(self) -> int:
+        save_dir, tag = run_folder.resolve_resume(self.args.resume_from_checkpoint, self.output_dir)
+        path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
+        state = (client or {}).get("trainer")
+        if path is None or state is None:
+            raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
+                              f"{path or save_dir} is not a checkpoint written by `zerotrain train`")
+        written_by = state.get("world_size", self.comm.world_size)
+        if written_by != self.comm.world_size:  # the data order is planned per process count
+            raise ConfigError(f"--resume_from_checkpoint: {path} was written by {written_by} processes and this run "
+                              f"has {self.comm.world_size}; resume with --nproc_per_node {written_by} (its position "
+                              "in the epoch exists only for that count)")
+        self.epoch, self.micro_in_epoch, self.tokens = state["epoch"], state["micro_in_epoch"], state["tokens"]
+        self.clock = TrainClock(state["train_time"])
+        self.best_metric, self.best_checkpoint = state["best_metric"], state["best_checkpoint"]
+        self.last_saved = self.engine.global_steps
+        if self.plateau is not None and state.get("plateau") is not None:
+            self.plateau.load_state_dict(state["plateau"])
+        if self.rank0:
+            print(f"resumed from {path} at step {self.engine.global_steps} (epoch {self.epoch})", flush=True)
+        return self.engine.global_steps
+
+    def _finish(self, trained: bool = True) -> dict:
+        self.progress.close()
+        final = {}
+        if self.eval_dataset is not None and self.args.do_eval is not False:
+            final = self.evaluate() if self.last_eval.get("step") != self.engine.global_steps or not trained else \
+                {k: v for k, v in self.last_eval.items() if k != "step"}
+        if self.test_dataset is not None and self.args.do_predict:
+            final.update(self.predict(self.test_dataset))
+        if trained:
+            self.save_model()
+        losses = [r["loss"] for r in self.history if "loss" in r]
+        results = {"global_step": self.engine.global_steps, "epoch": self.epoch_progress(), "tokens": self.tokens,
+                   "train_time_s": round(self.train_time, 2),
+                   "tokens_per_s": round(self.tokens / max(self.train_time, 1e-9)),
+                   "train_loss": losses[-1] if losses else None, **final,
+                   "best_checkpoint": self.best_checkpoint, "best_eval_loss": self.best_metric}
+        if not trained:
+            results = {"global_step": self.engine.global_steps, **final}
+        if self.rank0:
+            (self.output_dir / "trainer_state.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            self.log.close()
+            rows = [(k, v) for k, v in results.items() if v is not None]
+            print(summary_table(rows + [("output_dir", str(self.output_dir))]), flush=True)
+        for cb in self.callbacks:
+            getattr(cb, "on_train_end", lambda t: None)(self)
+        return results

@@ -1,0 +1,2 @@
+"""The model of a run: presets and model folders in and out (build), LoRA adapters (lora),
+gradient checkpointing."""
