@@ -23,7 +23,7 @@ from .schema import FieldProblem, ZeroTrainConfig, spellings, valid_keys
 # "unknown key": the user did nothing wrong, the feature is just missing here.
 UNSUPPORTED_KEYS = frozenset({
     "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-    "comet", "aio", "amp", "communication_data_type", "sparse_attention", "pipeline",
+    "comet", "aio", "amp", "communication_data_type", "sparse_attention",
     "compression_training", "autotuning", "elasticity", "checkpoint", "data_types",
     "dump_state", "memory_breakdown", "sparse_gradients", "monitor_config", "nebula",
     "hybrid_engine", "eigenvalue", "quantize_training", "seq_parallel_communication_data_type",

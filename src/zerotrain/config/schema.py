@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, PrivateAttr, field_validator, model_va
 
 # the loader imports these from here too
 from .base import Block, FieldProblem, Float, Int, Number, _no_bool, spellings, valid_keys  # noqa: F401
+from .pipeline import PipelineConfig
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
 
@@ -380,6 +381,7 @@ class ZeroTrainConfig(Block):
     progressive_layer_drop: PLDConfig | None = Field(None, description="Progressive layer drop.")
     data_efficiency: DataEfficiencyConfig | None = Field(None, description="Data sampling and routing.")
     token_budget: TokenBudgetConfig | None = Field(None, description="Token counting, token budget and token-based LR decay.")
+    pipeline: PipelineConfig | None = Field(None, description="Pipeline parallelism: schedule and DeepSpeed's pipeline keys.")
     zero_allow_untested_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
     zero_force_ds_cpu_optimizer: bool = Field(False, description="Accepted for DeepSpeed compatibility; no effect.")
 

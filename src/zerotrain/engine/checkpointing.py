@@ -8,6 +8,11 @@
     <save_dir>/<tag>/manifest.json     sizes and checksums, verified on load
     <save_dir>/latest                   the newest complete tag
 
+Ranks that hold different parameters (pipeline stages, model-parallel slices) write one such
+set each, named with the engine's `checkpoint_prefix` (`pipe_01-model_states.pt`, ...);
+"rank" then means the rank in the data-parallel group of the strategy, and the RNG files keep
+the global rank.
+
 Everything is plain tensors and Python containers, so loading uses weights_only=True.
 """
 
@@ -48,8 +53,8 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _optim_file(rank: int) -> str:
-    return f"optim_rank{rank}.pt"
+def _optim_file(rank: int, prefix: str = "") -> str:
+    return f"{prefix}optim_rank{rank}.pt"
 
 
 def _sharded_names(engine) -> set[str]:
@@ -89,13 +94,13 @@ def _load_module(engine, state: dict, strict: bool) -> None:
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
-    comm = engine.comm
+    comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     sharded = _sharded_names(engine)
     with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
                           save_latest=save_latest) as writer:
-        if comm.rank == 0:
-            writer.save("model_states.pt", {
+        if shard.rank == 0:
+            writer.save(f"{prefix}model_states.pt", {
                 "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
@@ -106,11 +111,12 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "features": {f.name: f.state_dict() for f in engine.features},
                 "zero_stage": getattr(engine.strategy, "stage", 0),
                 "layout": dict(engine.strategy.layout(_param_names(engine.module)), aliases=_aliases(engine.module)),
-                "world_size": comm.world_size,
+                "world_size": shard.world_size,
                 "client_state": client_state,
+                **engine.checkpoint_extras(),
             })
-        if comm.rank == 0 or shards_optimizer:
-            writer.save(_optim_file(comm.rank), {
+        if shard.rank == 0 or shards_optimizer:
+            writer.save(_optim_file(shard.rank, prefix), {
                 "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
                 "strategy": engine.strategy.state_dict(),
             })
@@ -144,25 +150,31 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
-    comm = engine.comm
+    comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     stage = getattr(engine.strategy, "stage", 0)
-    model_states = load_file(path, "model_states.pt")
-    with _applying(path, "model_states.pt"):
+    states_file = f"{prefix}model_states.pt"
+    if not (path / states_file).is_file():
+        written = sorted(f.name for f in path.iterdir() if f.name.endswith("model_states.pt"))
+        raise CheckpointError(f"{path} has no {states_file} (it holds {', '.join(written) or 'no model states'}): "
+                              "it was written with another pipeline or model-parallel layout; load it with that "
+                              "layout, or write full weights with `zerotrain consolidate`")
+    model_states = load_file(path, states_file)
+    with _applying(path, states_file):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
         if saved_stage != stage:
             raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
         _load_module(engine, model_states["module"], strict)
-    name = _optim_file(comm.rank if stage > 0 else 0)
-    if saved_world != comm.world_size:  # every old rank's file, cut again for this world
+    name = _optim_file(shard.rank if stage > 0 else 0, prefix)
+    if saved_world != shard.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))
-        with _applying(path, "model_states.pt"):
+        with _applying(path, states_file):
             if engine.strategy.offload.kind == "nvme":
                 raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
                                       f"offload it loads only into {saved_world} ranks")
-            rank_state = reshard_rank_state(path, model_states["layout"], layout, comm.rank)
-        name = "optim_rank*.pt"
+            rank_state = reshard_rank_state(path, model_states["layout"], layout, shard.rank, prefix)
+        name = f"{prefix}optim_rank*.pt"
     else:
         rank_state = load_file(path, name)
     with _applying(path, name):
@@ -171,12 +183,12 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             engine.optimizer.load_state_dict(rank_state["optimizer"])
         # stage 3 keeps its weights here, so this is loaded even for load_module_only
         engine.strategy.load_state_dict(rank_state.get("strategy", {}))
-    with _applying(path, "model_states.pt"):
+    with _applying(path, states_file):
         if load_module_only:
             return str(path), model_states["client_state"]
         for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
             setattr(engine, name, int(model_states[name]))
-        if saved_world != comm.world_size:  # the same global batch, accumulated differently
+        if saved_world != shard.world_size:  # the same global batch, accumulated differently
             engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])

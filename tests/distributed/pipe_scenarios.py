@@ -1,0 +1,188 @@
+"""Pipeline runs for the distributed tests, and their one-process reference.
+
+The model is a small GPT written as pipeline layers:
+
+    0 TiedLayerSpec("embed", TokenEmbed)      token embedding (tied with the last layer)
+    1 LayerSpec(AddPositions)                 learned positions
+    2 .. 2+L-1 LayerSpec(PreLNBlock)          the blocks (progressive layer drop skips these)
+    L+2 LayerSpec(FinalNorm)
+    L+3 TiedLayerSpec("embed", forward_fn=logits)
+
+`reference_model` builds the same layers with the same seeds as one plain module (the blocks a
+LayerDrop list, the head reusing the embedding) for zerotrain's ordinary engine on one
+process; `pipeline_run` trains the PipelineModule on every rank of a world. Module-level so
+spawned ranks can unpickle them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SEQ, VOCAB, EMBD, LAYERS = 16, 64, 32, 4
+BASE_SEED = 1234
+
+
+class TokenEmbed(nn.Embedding):
+    pass
+
+
+class AddPositions(nn.Module):
+    def __init__(self, n_positions: int, dim: int):
+        super().__init__()
+        self.pos = nn.Embedding(n_positions, dim)
+
+    def forward(self, x):
+        return x + self.pos(torch.arange(x.shape[1], device=x.device))
+
+
+class FinalNorm(nn.LayerNorm):
+    pass
+
+
+class Poison(nn.Module):
+    """Identity, except on rank POISON_RANK at optimizer step POISON_STEP: its backward then
+    turns the gradient into inf (set through the environment of that rank)."""
+
+    step = -1
+
+    def forward(self, x):
+        if os.environ.get("POISON_STEP") == str(Poison.step) and os.environ.get("POISON_RANK") == os.environ.get("RANK", "0"):
+            if x.requires_grad:
+                x.register_hook(lambda g: g * float("inf"))
+        return x
+
+
+def logits(embed: nn.Embedding, x):
+    return x @ embed.weight.t()
+
+
+def gpt_loss(out, labels):
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+    return F.cross_entropy(out.flatten(0, 1).float(), targets.flatten())
+
+
+def layer_specs(poison: bool = False):
+    from zerotrain.models.block import PreLNBlock
+    from zerotrain.pipe import LayerSpec, TiedLayerSpec
+
+    return ([TiedLayerSpec("embed", TokenEmbed, VOCAB, EMBD), LayerSpec(AddPositions, SEQ, EMBD)]
+            + ([LayerSpec(Poison)] if poison else [])
+            + [LayerSpec(PreLNBlock, EMBD, 2, 0.0, False) for _ in range(LAYERS)]
+            + [LayerSpec(FinalNorm, EMBD, bias=False), TiedLayerSpec("embed", TokenEmbed, VOCAB, EMBD, forward_fn=logits)])
+
+
+class Reference(nn.Module):
+    """The same layers, seeded as PipelineModule(seed_layers=True) seeds them, as one model."""
+
+    def __init__(self):
+        super().__init__()
+        from zerotrain.features.layer_drop import LayerDrop
+
+        specs = layer_specs()
+        built = []
+        for idx, spec in enumerate(specs[:-1]):
+            torch.manual_seed(BASE_SEED + idx)
+            built.append(spec.build())
+        self.embed, self.pos = built[0], built[1]
+        self.blocks = LayerDrop(built[2:-1])
+        self.norm = built[-1]
+
+    def forward(self, input_ids, labels=None, progressive_layer_drop=False, pld_theta=None):
+        x = self.pos(self.embed(input_ids))
+        with self.blocks.dropping(pld_theta if progressive_layer_drop and self.training else None):
+            for block in self.blocks:
+                x = block(x)
+        return gpt_loss(logits(self.embed, self.norm(x)), labels)
+
+
+def to_reference_names(state: dict) -> dict:
+    """PipelineModule state-dict keys -> the Reference's."""
+    out = {}
+    for key, value in state.items():
+        head, _, rest = key.partition(".")
+        if head == "tied_modules":
+            out["embed." + rest.partition(".")[2]] = value
+        elif head == "1":
+            out["pos." + rest] = value
+        elif int(head) == LAYERS + 2:
+            out["norm." + rest] = value
+        else:
+            out[f"blocks.{int(head) - 2}.{rest}"] = value
+    return out
+
+
+def global_batch(step: int, size: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, VOCAB, (size, SEQ), generator=g)
+
+
+def config(global_size: int, micro: int, stage: int = 0, curriculum: bool = True, pld: bool = True,
+           **extra) -> dict:
+    cfg = {"train_batch_size": global_size, "train_micro_batch_size_per_gpu": micro, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": stage}}
+    if curriculum:  # lengths 4, 6, 8, ..., 16 (a new one every step), then 16
+        cfg["curriculum_learning"] = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 4,
+                                      "max_difficulty": SEQ, "schedule_type": "fixed_linear",
+                                      "schedule_config": {"total_curriculum_step": 7, "difficulty_step": 2}}
+    if pld:
+        cfg["progressive_layer_drop"] = {"enabled": True, "theta": 0.3, "gamma": 0.3}
+    cfg.update(extra)
+    return cfg
+
+
+def reference_run(cfg: dict, steps: int) -> dict:
+    import zerotrain
+
+    engine, *_ = zerotrain.initialize(model=Reference(), config=cfg)
+    micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    losses, norms = [], []
+    for step in range(steps):
+        batch = global_batch(step, micro * ga)
+        total = 0.0
+        for m in range(ga):
+            x = batch[m * micro:(m + 1) * micro]
+            loss = engine(x, labels=x)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / ga
+        losses.append(total)
+        norms.append(engine.get_global_grad_norm())
+    state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    return {"losses": losses, "norms": norms, "params": state}
+
+
+def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None = None, load: str | None = None,
+                 poison: bool = False, **module_kwargs) -> dict:
+    """Train `steps` optimizer steps (continuing from `load`); save = (dir, after_step)."""
+    import zerotrain
+    from zerotrain.pipe import PipelineModule
+
+    net = PipelineModule(layer_specs(poison), num_stages=num_stages, loss_fn=gpt_loss, seed_layers=True,
+                         base_seed=BASE_SEED, partition_method="type:PreLNBlock",
+                         droppable_layers="type:PreLNBlock", **module_kwargs)
+    engine, *_ = zerotrain.initialize(model=net, config=cfg)
+    if load is not None:
+        engine.load_checkpoint(load)
+    dp, d = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_rank()
+    micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    losses, norms, skipped, seqlens = [], [], [], []
+    while engine.global_steps < steps:
+        step = engine.global_steps
+        Poison.step = step
+        mine = global_batch(step, micro * ga * dp)[d * micro * ga:(d + 1) * micro * ga]
+        pairs = iter([(mine[m * micro:(m + 1) * micro], mine[m * micro:(m + 1) * micro]) for m in range(ga)])
+        losses.append(engine.train_batch(pairs).item())
+        norms.append(engine.get_global_grad_norm())
+        skipped.append(engine.skipped_steps)
+        seqlens.append(engine.feature_value("curriculum_seqlen"))
+        if save is not None and engine.global_steps == save[1]:
+            engine.save_checkpoint(save[0])
+    state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens,
+            "stage": engine.grid.get_stage_id(), "data": d, "built": engine._stages.built,
+            "first": engine.is_first_stage(), "last": engine.is_last_stage()}
