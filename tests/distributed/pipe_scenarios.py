@@ -186,3 +186,100 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
     return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens,
             "stage": engine.grid.get_stage_id(), "data": d, "built": engine._stages.built,
             "first": engine.is_first_stage(), "last": engine.is_last_stage()}
+
+
+def _eval_batch() -> list:
+    x = global_batch(99, 8)
+    return [(x[2 * m:2 * m + 2], x[2 * m:2 * m + 2]) for m in range(4)]
+
+
+def evaluate(cfg: dict) -> float:
+    """Train 2 steps, then the mean loss of eval_batch over 4 micro-batches."""
+    import zerotrain
+    from zerotrain.pipe import PipelineModule
+
+    net = PipelineModule(layer_specs(), num_stages=2, loss_fn=gpt_loss, seed_layers=True, base_seed=BASE_SEED,
+                         partition_method="type:PreLNBlock", droppable_layers="type:PreLNBlock")
+    engine, *_ = zerotrain.initialize(model=net, config=cfg)
+    for step in range(2):
+        x = global_batch(step, 8)
+        engine.train_batch(iter([(x[2 * m:2 * m + 2], x[2 * m:2 * m + 2]) for m in range(4)]))
+    return engine.eval_batch(iter(_eval_batch()), num_micro_batches=4).item()
+
+
+def reference_eval() -> float:
+    import zerotrain
+
+    engine, *_ = zerotrain.initialize(model=Reference(), config=config(8, 2, 0))
+    for step in range(2):
+        batch = global_batch(step, 8)
+        for m in range(4):
+            x = batch[2 * m:2 * m + 2]
+            engine.backward(engine(x, labels=x))
+            engine.step()
+    engine.eval()
+    with torch.no_grad():
+        return sum(engine(x, labels=y).item() for x, y in _eval_batch()) / 4
+
+
+def bad_input(case: str) -> None:
+    import zerotrain
+    from zerotrain.pipe import PipelineModule
+
+    if case == "few_layers":
+        PipelineModule(layer_specs()[:3], num_stages=2, virtual_stages=2, loss_fn=gpt_loss)
+    elif case == "indivisible":
+        PipelineModule(layer_specs(), num_stages=3, loss_fn=gpt_loss)
+    elif case == "dry":
+        net = PipelineModule(layer_specs(), num_stages=2, loss_fn=gpt_loss)
+        engine, *_ = zerotrain.initialize(model=net, config=config(8, 2, 0))
+        x = global_batch(0, 2)
+        engine.train_batch(iter([(x, x)]))  # one pair; the step needs 4
+
+
+class TwoByTwoMpu:
+    """A Megatron-style mpu over 4 ranks: model-parallel pairs {0,1}, {2,3} (both hold the whole
+    model, as replicas, so every weight is one that tensor rank 1 must not count again), data
+    parallel {0,2}, {1,3}."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        for ranks in ([0, 1], [2, 3]):
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                self.model = g
+        for ranks in ([0, 2], [1, 3]):
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                self.data = g
+        self.tensor_rank = rank % 2
+
+    def get_data_parallel_group(self):
+        return self.data
+
+    def get_model_parallel_group(self):
+        return self.model
+
+    def get_tensor_model_parallel_rank(self):
+        return self.tensor_rank
+
+
+def mpu_run(steps: int) -> dict:
+    """The Reference model under initialize(mpu=...): data index = rank // 2."""
+    import zerotrain
+
+    engine, *_ = zerotrain.initialize(model=Reference(), config=config(8, 2, 1, curriculum=False, pld=False),
+                                      mpu=TwoByTwoMpu())
+    d = int(os.environ["RANK"]) // 2
+    micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    losses, norms = [], []
+    for step in range(steps):
+        mine = global_batch(step, 8)[d * micro * ga:(d + 1) * micro * ga]
+        for m in range(ga):
+            x = mine[m * micro:(m + 1) * micro]
+            engine.backward(engine(x, labels=x))
+            engine.step()
+        norms.append(engine.get_global_grad_norm())
+    return {"norms": norms, "ga": ga, "data_world": engine.strategy.comm.world_size}
