@@ -29,6 +29,8 @@ UNSUPPORTED_KEYS = frozenset({
     "hybrid_engine", "eigenvalue", "quantize_training", "seq_parallel_communication_data_type",
 })
 _UNSUPPORTED_PREFIX = "zero_quantized_"
+# keys whose "auto" is a setting of its own (DeepSpeed's default), not a value for the Trainer to fill
+_AUTO_IS_A_VALUE = frozenset({"pipeline.stages"})
 
 _SHORT_REASONS = {
     "missing": "is missing",
@@ -145,6 +147,8 @@ def _fill_auto(node: Any, values: dict[str, object], path: str) -> Any:
     if isinstance(node, list):
         return [_fill_auto(v, values, f"{path}[{i}]") for i, v in enumerate(node)]
     if isinstance(node, str) and node == "auto":
+        if path in _AUTO_IS_A_VALUE and path not in values:
+            return node
         if path not in values:
             raise ConfigError(f"{path} is 'auto', which only the Trainer fills in; give a number")
         return copy.deepcopy(values[path])
