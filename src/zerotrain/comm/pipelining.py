@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import pipelining as pp
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ScheduleKind:
@@ -88,12 +90,18 @@ class Pipeline:
     def __init__(self, schedule: str, chunks: list[tuple[int, torch.nn.Module]], num_stages: int,
                  device: torch.device, group, n_microbatches: int, loss_fn, train: bool = True):
         ensure_process_group()
+        if not train and SCHEDULES[schedule].placement == "single":
+            schedule = "gpipe"  # forward only: any order does, and gpipe takes any micro-batch count
         kind = SCHEDULES[schedule]
         self.stages = [_TimedStage(module, index, num_stages, device, group=group) for index, module in chunks]
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
         target = self.stages[0] if kind.placement == "single" else self.stages
-        self.schedule = kind.cls(target, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+        try:
+            self.schedule = kind.cls(target, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+        except ValueError as e:  # its constraints on the micro-batch count, in torch's words
+            raise ConfigError(f"pipeline.schedule {schedule} with {n_microbatches} micro-batches per step "
+                              f"(gradient_accumulation_steps): {e}") from None
         self.train = train
 
     @property

@@ -19,6 +19,8 @@ Only the schedule replaces Engine.forward/backward; the step is the engine's own
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..engine.engine import Engine
@@ -51,7 +53,8 @@ class PipelineEngine(Engine):
                                   self._pipe_loss, pipe_config.max_cached_shapes)
         self.data_iterator = None
         self._batch_fn = None
-        self.stage_busy_s = 0.0  # this rank's compute seconds in the last schedule run
+        self.stage_busy_s = 0.0  # this rank's compute seconds in the last schedule run,
+        self.stage_run_s = 0.0  # of the run's wall seconds: the rest is this stage's bubble
 
     # ---- DeepSpeed's pipeline-engine API -----------------------------------------------------
     def is_first_stage(self) -> bool:
@@ -168,9 +171,10 @@ class PipelineEngine(Engine):
         target = None
         if self._holds_last:
             target = data.labels if data.labels is not None else torch.zeros(count, device=self.device)
-        busy = pipeline.busy_s
+        busy, start = pipeline.busy_s, time.perf_counter()
         with self._timers("pipeline"):
             pipeline.run(data.inputs, target)
+        self.stage_run_s = time.perf_counter() - start
         self.stage_busy_s = pipeline.busy_s - busy
         return self._raw_losses[-count:] if self._holds_last else []
 

@@ -73,6 +73,13 @@ class Batches:
     def __init__(self, trainer):
         self.t = trainer
         self.pending = torch.zeros(3, dtype=torch.float64)  # stats of the step's earlier micro-batches
+        self.piped: list = []  # a pipeline's micro-batches of this step (pipeline_split.py)
+
+    def at_boundary(self) -> bool:
+        """Will the next micro-batch complete an optimizer step?"""
+        if self.t.pipe_names is not None:
+            return len(self.piped) + 1 == self.t.engine.gradient_accumulation_steps()
+        return self.t.engine.is_gradient_accumulation_boundary()
 
     def train_step(self, batch: dict) -> tuple[float, int]:
         t = self.t
@@ -80,6 +87,10 @@ class Batches:
         if t.task == "mlm":
             batch = mask_tokens(batch, t.tokenizer, t.mlm_probability)
         inputs = {k: v.to(engine.device) for k, v in batch.items() if k in t.keys}
+        if t.pipe_names is not None:
+            from .pipeline_split import pipeline_step
+
+            return pipeline_step(self, batch, inputs)
         if "labels" not in inputs:
             raise ConfigError(f"{type(t.model).__name__}.forward takes no labels argument; the trainer needs a "
                               "model that returns its loss from labels")

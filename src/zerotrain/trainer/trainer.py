@@ -74,13 +74,17 @@ class Trainer:
         ckpt.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
         if resuming:
             ckpt.resolve_resume(args.resume_from_checkpoint, self.output_dir)
-        world = self.comm.world_size
+        stages = args.pipeline_parallel_size
+        if self.comm.world_size % stages:
+            raise ConfigError(f"--pipeline_parallel_size {stages}: the {self.comm.world_size} processes are not a "
+                              f"multiple of it; launch a multiple of {stages}")
+        world = self.comm.world_size // stages  # data-parallel ranks (the mesh's data index is rank % world)
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
                                                        world, self.info.hidden_size, block_size or 0)
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         lengths = self._lengths(train_dataset) if args.group_by_length else None
-        self.sampler = TrainSampler(len(train_dataset), mb, self.comm.rank, world, args.seed, lengths)
+        self.sampler = TrainSampler(len(train_dataset), mb, self.comm.rank % world, world, args.seed, lengths)
         self.loader = DataLoader(train_dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
                                  num_workers=args.dataloader_num_workers,
                                  generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
@@ -97,6 +101,11 @@ class Trainer:
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.keys = forward_keys(model)
+        self.pipe_names = None  # --pipeline_parallel_size: this rank's stage keys -> the model's
+        if stages > 1:
+            from .pipeline_split import split_model
+
+            pipe_model, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"))
         self.steps_per_epoch = self.micro_per_epoch // ga
         self.total_steps = args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
@@ -109,8 +118,9 @@ class Trainer:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 self.total_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
         try:
-            self.engine, _, _, _ = zerotrain.initialize(model=model, config=ds, lr_scheduler=factory,
-                                                        model_parameters=decay_groups(model, args.weight_decay))
+            trained = pipe_model if stages > 1 else model
+            self.engine, _, _, _ = zerotrain.initialize(model=trained, config=ds, lr_scheduler=factory,
+                                                        model_parameters=decay_groups(trained, args.weight_decay))
         except ValueError as e:  # HF-style scheduler argument errors
             if isinstance(e, (ConfigError, DataError)):
                 raise
@@ -118,7 +128,7 @@ class Trainer:
         self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
-        self.unused = UnusedParameterCheck(model) if args.ddp_find_unused_parameters is False else None
+        self.unused = UnusedParameterCheck(trained) if args.ddp_find_unused_parameters is False else None
         self.epoch, self.micro_in_epoch, self.tokens, self.train_time = 0, 0, 0, 0.0
         self.best_metric, self.best_checkpoint, self.last_eval = None, None, {}
         self.last_log: dict = {}
@@ -157,7 +167,7 @@ class Trainer:
             for batch in self.loader:
                 if self.micro_in_epoch >= self.micro_per_epoch:
                     break  # the remainder that does not fill an optimizer step
-                boundary = engine.is_gradient_accumulation_boundary()
+                boundary = batches.at_boundary()
                 try:
                     loss, tokens = batches.train_step(batch)
                 except NonFiniteStepsError as e:
@@ -217,11 +227,16 @@ class Trainer:
         if self.eval_dataset is None:
             return {}
         engine, args = self.engine, self.args
-        sampler = EvalSampler(len(self.eval_dataset), self.comm.rank, self.comm.world_size)
+        data_world = self.comm.world_size // self.args.pipeline_parallel_size  # a pipeline's stages read alike
+        sampler = EvalSampler(len(self.eval_dataset), self.comm.rank % data_world, data_world)
         valid = sampler.valid()
         loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
                             collate_fn=self.collator, num_workers=args.dataloader_num_workers)
         generator = torch.Generator().manual_seed(args.seed)  # the same masks at every evaluation
+        if self.pipe_names is not None:
+            from .pipeline_split import evaluate_pipeline
+
+            return self._report_eval(evaluate_pipeline(self, loader, generator))
         sums, pos = torch.zeros(3 + 3 * self.num_labels, dtype=torch.float64), 0
         engine.eval()
         with torch.no_grad():
@@ -236,7 +251,10 @@ class Trainer:
                 sums += eval_sums(self.task, logits, batch, ok, self.num_labels)
         engine.train()
         self.comm.all_reduce(sums)
-        metrics = finish(self.task, sums, self.num_labels)
+        return self._report_eval(finish(self.task, sums, self.num_labels))
+
+    def _report_eval(self, metrics: dict) -> dict:
+        engine = self.engine
         self.last_eval = {"step": engine.global_steps, **metrics}
         if self.plateau is not None and "eval_loss" in metrics:
             self.plateau.step(metrics["eval_loss"])
@@ -277,6 +295,10 @@ class Trainer:
 
         folder = Path(folder) if folder is not None else self.output_dir
         state = self.engine.module_state_dict()
+        if self.pipe_names is not None:  # every stage's weights, under the model's names
+            from .pipeline_split import whole_state
+
+            state = whole_state(self.engine, state, self.pipe_names)
         if self.rank0:
             if self.lora_config is not None:
                 save_adapter(folder, state, self.lora_config, self.base_model)
