@@ -124,7 +124,7 @@ def config(global_size: int, micro: int, stage: int = 0, curriculum: bool = True
            **extra) -> dict:
     cfg = {"train_batch_size": global_size, "train_micro_batch_size_per_gpu": micro, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-           "zero_optimization": {"stage": stage}}
+           "zero_optimization": {"stage": stage}, "token_budget": {"enabled": True}}
     if curriculum:  # lengths 4, 6, 8, ..., 16 (a new one every step), then 16
         cfg["curriculum_learning"] = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 4,
                                       "max_difficulty": SEQ, "schedule_type": "fixed_linear",
@@ -140,7 +140,7 @@ def reference_run(cfg: dict, steps: int) -> dict:
 
     engine, *_ = zerotrain.initialize(model=Reference(), config=cfg)
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-    losses, norms = [], []
+    losses, norms, tokens = [], [], []
     for step in range(steps):
         batch = global_batch(step, micro * ga)
         total = 0.0
@@ -152,8 +152,9 @@ def reference_run(cfg: dict, steps: int) -> dict:
             total += loss.item() / ga
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
+        tokens.append(engine.feature_value("tokens_consumed"))
     state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    return {"losses": losses, "norms": norms, "params": state}
+    return {"losses": losses, "norms": norms, "params": state, "tokens": tokens}
 
 
 def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None = None, load: str | None = None,
@@ -170,7 +171,7 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         engine.load_checkpoint(load)
     dp, d = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_rank()
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-    losses, norms, skipped, seqlens = [], [], [], []
+    losses, norms, skipped, seqlens, tokens = [], [], [], [], []
     while engine.global_steps < steps:
         step = engine.global_steps
         Poison.step = step
@@ -180,10 +181,11 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         norms.append(engine.get_global_grad_norm())
         skipped.append(engine.skipped_steps)
         seqlens.append(engine.feature_value("curriculum_seqlen"))
+        tokens.append(engine.feature_value("tokens_consumed"))
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
     state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens,
+    return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens, "tokens": tokens,
             "stage": engine.grid.get_stage_id(), "data": d, "built": engine._stages.built,
             "first": engine.is_first_stage(), "last": engine.is_last_stage()}
 

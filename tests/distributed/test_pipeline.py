@@ -68,7 +68,9 @@ def test_data_and_pipeline_parallel_match_one_process(world4, tmp_path):
         runs = [r[f"zero{stage}"] for r in ranks]
         assert runs[0]["seqlens"] == [4, 6, 8, 10, 12, 14, 16, 16, 16, 16]
         assert runs[0]["built"] == 7  # one stage set per length
+        assert reference["tokens"][:2] == [8 * 4, 8 * 4 + 8 * 6]  # the global batch at each cut length
         for run in runs:
+            assert run["tokens"] == reference["tokens"]  # every token once, on every rank
             assert run["losses"] == pytest.approx(reference["losses"], rel=1e-5)
             assert run["norms"] == pytest.approx(reference["norms"], rel=1e-5)
         _close(_merged(runs), reference["params"], 1e-5)
@@ -126,6 +128,7 @@ def test_pipeline_only_and_every_schedule(world2):
     reference = ps.reference_run(ps.config(GLOBAL, MICRO, 0), STEPS)
     for r in ranks:
         assert r["parity"]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+        assert r["parity"]["tokens"] == reference["tokens"]
         for name, _, _ in SCHEDULES:  # each schedule, the same losses
             assert r[name] == pytest.approx(reference["losses"][:4], rel=1e-5), name
         assert r["eval"] == pytest.approx(ps.reference_eval(), rel=1e-5)

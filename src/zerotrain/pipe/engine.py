@@ -9,8 +9,8 @@
       schedule  torch runs every micro-batch's forward and backward; the loss it
                 back-propagates is loss x scale / accumulation x (1 / data-parallel size),
                 as Engine.backward scales it
-      reduce    tied weights summed over their stages, then the ZeRO strategy reduces over
-                the data dimension (all buckets at once, after the schedule)
+      reduce    the ZeRO strategy reduces over the data dimension (all buckets at once, after
+                the schedule) and tied weights are summed over their stages
       step      Engine.step: the norm over every stage (parallel/norm.py), overflow skip,
                 clipping, optimizer, LR schedule, counters, features' events
 
@@ -103,9 +103,17 @@ class PipelineEngine(Engine):
         count = self.gradient_accumulation_steps()
         losses = self._run(data_iter, count, train=True)
         with self._timers("reduce"):
-            self.ties.reduce_grads()
-            self.strategy.begin_backward(True)  # nothing was reduced during the schedule:
-            self.strategy.end_backward()  # launch every bucket now and wait for them
+            # Nothing was reduced during the schedule: begin + end launches every bucket now
+            # and waits for them. At stage 0 the tied copies are summed after that (sums of
+            # all-reduced means are the same sums), so a stage that finishes its schedule early
+            # reduces at once instead of first waiting for the other holder of a tied layer;
+            # at stage 1 only a bucket's owner holds its sum, so ties go first.
+            if self.strategy.stage > 0:
+                self.ties.reduce_grads()
+            self.strategy.begin_backward(True)
+            self.strategy.end_backward()
+            if self.strategy.stage == 0:
+                self.ties.reduce_grads()
         total = float(sum(loss.double() for loss in losses)) if losses else 0.0
         if losses:
             self._window_loss += total
