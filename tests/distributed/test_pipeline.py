@@ -112,6 +112,9 @@ def two_rank_cases() -> dict:
     for name, virtual, placement in SCHEDULES:
         cfg = ps.config(GLOBAL, MICRO, 0, pipeline={"schedule": name, "virtual_stages": virtual})
         out[name] = ps.pipeline_run(cfg, 4, virtual_stages=virtual, placement=placement)["losses"]
+    # recompute activations every 2 layers (pipeline.activation_checkpoint_interval acts)
+    out["recomputed"] = ps.pipeline_run(ps.config(GLOBAL, MICRO, 0, pipeline={"activation_checkpoint_interval": 2}),
+                                        4)["losses"]
     out["eval"] = ps.evaluate(ps.config(GLOBAL, MICRO, 0))
     errors = {}
     for case in ("few_layers", "indivisible", "dry"):
@@ -131,6 +134,7 @@ def test_pipeline_only_and_every_schedule(world2):
         assert r["parity"]["tokens"] == reference["tokens"]
         for name, _, _ in SCHEDULES:  # each schedule, the same losses
             assert r[name] == pytest.approx(reference["losses"][:4], rel=1e-5), name
+        assert r["recomputed"] == pytest.approx(reference["losses"][:4], rel=1e-5)
         assert r["eval"] == pytest.approx(ps.reference_eval(), rel=1e-5)
     _close(_merged([r["parity"] for r in ranks]), reference["params"], 1e-5)
     errors = ranks[0]["errors"]

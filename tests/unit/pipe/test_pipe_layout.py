@@ -138,3 +138,29 @@ def test_one_stage_forward_runs_every_layer_and_drops_by_plan():
     net.train()
     net.set_step({"progressive_layer_drop": True, "pld_theta": 0.01}, key=5)
     assert len(net._drop) == 3 and any(not keep for keep, _ in net._drop.values())
+
+
+class Counted(nn.Linear):
+    calls = 0
+
+    def forward(self, x):
+        Counted.calls += 1
+        return super().forward(x)
+
+
+def test_activation_checkpointing_recomputes_each_interval():
+    net = PipelineModule([LayerSpec(Counted, 4, 4) for _ in range(4)], num_stages=1)
+    net.activation_checkpoint_interval = 2
+    net.train()
+    x = torch.randn(3, 4, requires_grad=True)
+    Counted.calls = 0
+    out = net(x)
+    assert Counted.calls == 4
+    out.sum().backward()
+    assert Counted.calls == 8  # both runs of two layers ran again in backward
+    grads = [p.grad.clone() for p in net.parameters()]
+    net.activation_checkpoint_interval = 0
+    for p in net.parameters():
+        p.grad = None
+    net(x).sum().backward()
+    assert all(torch.allclose(g, p.grad) for g, p in zip(grads, net.parameters()))
