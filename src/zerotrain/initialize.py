@@ -15,8 +15,9 @@ from .data import build_dataloader
 from .comm import Comm, init_parallel
 from .errors import ConfigError
 from .features import build_features
-from .features.engine_methods import TrainingEngine
 from .optim import adapt_client_optimizer, build_optimizer
+from .parallel.layout import Layout, plain_layout
+from .parallel.mpu import mpu_layout
 from .precision import build_loss_scaler
 from .schedules import build_scheduler
 from .zero import build_strategy, is_partitioned
@@ -99,6 +100,21 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
 
 
+def _layout(model, comm, mpu) -> Layout:
+    """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
+    from .pipe import PipelineModule
+    from .pipe.setup import pipeline_layout
+
+    if isinstance(model, PipelineModule):
+        return pipeline_layout(model, comm, mpu)
+    if type(model).__name__ == "PipelineModule":
+        raise ConfigError(f"the model is {type(model).__module__}.PipelineModule; build it with "
+                          "zerotrain.pipe.PipelineModule (and LayerSpec, TiedLayerSpec from zerotrain.pipe)")
+    if mpu is not None:
+        return mpu_layout(mpu, comm.state, model)
+    return plain_layout(model, comm)
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -115,8 +131,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     state = init_parallel()
     _setup_logging(state.rank)
     comm = Comm(state)
-    cfg = load_config(config, world_size=state.world_size)
+    layout = _layout(model, comm, mpu)
+    data = layout.data_comm  # the batch triad and ZeRO count data-parallel ranks
+    cfg = load_config(config, world_size=data.world_size)
     _check_same_config(comm, cfg.raw)
+    layout.check(cfg)
     if state.rank == 0 and (line := config_notice(cfg)):
         log.info(line)
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
@@ -128,12 +147,14 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     # Every rank starts from rank 0's weights, as DDP does (before any sharding).
     for tensor in list(model.parameters()) + list(model.buffers()):
         if not is_partitioned(tensor):  # zero.Init already gave every rank rank 0's chunks
-            comm.broadcast(tensor.data)
+            data.broadcast(tensor.data)
+    layout.after_broadcast()
     groups, registration = _param_groups(model, model_parameters, optimizer)
-    strategy = build_strategy(cfg.zero_optimization, model, groups, registration, comm, compute_dtype,
+    strategy = build_strategy(cfg.zero_optimization, model, groups, registration, data, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
                               accumulation_dtype=_accumulation_dtype(cfg, compute_dtype))
+    strategy = layout.wrap(strategy)  # the norm over the other parts of the model, if any
 
     if optimizer is not None:
         torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))
@@ -158,10 +179,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                fp16.hysteresis, fp16.consecutive_hysteresis, fp16.min_loss_scale)
     loader = None
     if training_data is not None:
-        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, state.rank,
-                                  state.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
-    engine = TrainingEngine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
-                            features=build_features(cfg), training_dataloader=loader)
+        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, data.rank,
+                                  data.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
+    engine = layout.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
+                                features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)
     return engine, torch_optimizer, loader, scheduler

@@ -6,6 +6,10 @@ saved in model_states.pt says where every parameter sits (zero/layout.py: "flat"
 buffer cut into N contiguous shards; "chunked", every parameter cut into N chunks), so the
 weights can be put back together offline, one rank file at a time, without the model's code.
 
+A pipeline checkpoint holds one such set of files per stage (`pipe_00-model_states.pt`,
+`pipe_00-optim_rank0.pt`, ...): each is put together on its own and the stages' state dicts
+are merged into one model (a tied layer, held by several stages, is taken from the first).
+
 Sources, best first: the fp32 masters (mixed precision: the module holds only their half
 cast), then stage 3's parameter shards, then the module state (stages 0-2 in fp32 keep whole
 weights there). Buffers and frozen parameters always come from the module state.
@@ -32,8 +36,8 @@ def _folder(ckpt_dir, tag) -> Path:
     return resolve_checkpoint(ckpt_dir, tag)
 
 
-def _model_states(path: Path) -> tuple[dict, dict]:
-    states = load_file(path, "model_states.pt")
+def _model_states(path: Path, prefix: str = "") -> tuple[dict, dict]:
+    states = load_file(path, f"{prefix}model_states.pt")
     layout = states.get("layout") if isinstance(states, dict) else None
     if not isinstance(layout, dict) or layout.get("scheme") not in ("flat", "chunked") \
             or not isinstance(states.get("module"), dict):
@@ -73,22 +77,28 @@ def _aliases(module: dict, names: list[str], layout: dict) -> dict[str, list[str
     return found
 
 
-def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None) -> tuple[str | None, list]:
+def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None, prefix: str = "") -> tuple[str | None, list]:
     """The per-group tensors rank `rank` saved, and which kind they are."""
-    state = load_file(path, f"optim_rank{rank}.pt")
+    state = load_file(path, f"{prefix}optim_rank{rank}.pt")
     strategy = state.get("strategy") if isinstance(state, dict) else None
     if not isinstance(strategy, dict):
-        raise CheckpointError(f"{path.name}/optim_rank{rank}.pt has no strategy state; the checkpoint is incomplete")
+        raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt has no strategy state; the checkpoint is incomplete")
     kind = source or ("masters" if "masters" in strategy else "shards" if "shards" in strategy else None)
     if kind is None:
         return None, []
     pieces = strategy.get(kind)
     if not isinstance(pieces, (list, tuple)) or len(pieces) != len(layout["groups"]):
-        raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {kind} for {len(pieces or [])} param groups, "
+        raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt: {kind} for {len(pieces or [])} param groups, "
                               f"layout has {len(layout['groups'])}; the checkpoint is incomplete or mismatched")
     shards = strategy.get("shards") or [None] * len(pieces)
     # a group without masters (stage 3's frozen parameters) comes from its shards
     return kind, [piece if piece is not None else shards[gi] for gi, piece in enumerate(pieces)]
+
+
+def pipeline_prefixes(path: Path) -> list[str]:
+    """The stage prefixes of a pipeline checkpoint ("pipe_00-", ...); [""] for any other."""
+    found = sorted(f.name[: -len("model_states.pt")] for f in Path(path).glob("pipe_*-model_states.pt"))
+    return found or [""]
 
 
 def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -96,7 +106,15 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     of their names as one shared tensor (names the checkpoint does not record are absent)."""
     path = _folder(ckpt_dir, tag)
     verify_checkpoint(path)
-    states, layout = _model_states(path)
+    out: dict[str, torch.Tensor] = {}
+    for prefix in pipeline_prefixes(path):
+        for key, value in _consolidate(path, prefix).items():
+            out.setdefault(key, value)  # a tied layer: the first stage's copy (all are equal)
+    return out
+
+
+def _consolidate(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    states, layout = _model_states(path, prefix)
     module = states["module"]
     ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
     layouts = group_layouts(path, layout)
@@ -104,20 +122,20 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     flat = {n: torch.empty(int(numel), dtype=torch.float32)
             for g in groups for n, numel in zip(g["names"], g.get("full_numels", g["numels"]))}
     ranks = range(ws if stage > 0 else 1)  # stage 0: rank 0 saves for all
-    absent = [f"optim_rank{r}.pt" for r in ranks if not (path / f"optim_rank{r}.pt").is_file()]
+    absent = [f"{prefix}optim_rank{r}.pt" for r in ranks if not (path / f"{prefix}optim_rank{r}.pt").is_file()]
     if absent:
         raise CheckpointError(f"{path.name}/{absent[0]}: missing ({len(absent)} of {len(ranks)} rank files); "
                               "the checkpoint is incomplete")
     source = None
     for rank in ranks:
-        source, pieces = _rank_pieces(path, layout, rank, source)
+        source, pieces = _rank_pieces(path, layout, rank, source, prefix)
         if source is None:
             break
         for gi, (group, piece) in enumerate(zip(groups, pieces)):
             lo, hi = layouts[gi].piece_range(rank)
             expected = hi - lo
             if not torch.is_tensor(piece) or piece.numel() != expected:
-                raise CheckpointError(f"{path.name}/optim_rank{rank}.pt: {source}[{gi}] has "
+                raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt: {source}[{gi}] has "
                                       f"{piece.numel() if torch.is_tensor(piece) else type(piece).__name__} "
                                       f"elements, the layout says {expected}; the checkpoint is corrupted")
             fill_from_piece([flat[n] for n in group["names"]], layouts[gi].spans(rank), piece.reshape(-1).float())

@@ -36,14 +36,15 @@ def _piece_numel(layout: GroupLayout, rank: int) -> int:
     return hi - lo
 
 
-def reshard_rank_state(path: Path, old: dict, new: dict, rank: int) -> dict:
+def reshard_rank_state(path: Path, old: dict, new: dict, rank: int, prefix: str = "") -> dict:
     """This rank's {"optimizer", "strategy"} state for layout `new`, from the files of a
-    checkpoint written with layout `old` (same model, same param groups)."""
+    checkpoint written with layout `old` (same model, same param groups); `prefix` names the
+    files of one pipeline stage or model-parallel slice."""
     ws = old["world_size"]
-    if not isinstance(ws, int) or ws < 1 or (int(old["stage"]) > 0 and not (path / f"optim_rank{ws - 1}.pt").is_file()):
-        raise CheckpointError(f"{path}/model_states.pt: world size {ws!r} does not match its rank files; "
+    if not isinstance(ws, int) or ws < 1 or (int(old["stage"]) > 0 and not (path / f"{prefix}optim_rank{ws - 1}.pt").is_file()):
+        raise CheckpointError(f"{path}/{prefix}model_states.pt: world size {ws!r} does not match its rank files; "
                               "the checkpoint is incomplete or corrupted")
-    files = [load_file(path, f"optim_rank{r}.pt") for r in _old_ranks(old)]
+    files = [load_file(path, f"{prefix}optim_rank{r}.pt") for r in _old_ranks(old)]
     if [g["names"] for g in old["groups"]] != [g["names"] for g in new["groups"]]:
         raise CheckpointError(f"{path}: its parameter groups differ from this model's; a checkpoint "
                               "can change world size, not the model or its param groups")

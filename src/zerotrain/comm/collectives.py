@@ -8,6 +8,7 @@ calls here lets a test forbid `torch.distributed` anywhere else.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
 import functools
 import os
@@ -179,44 +180,65 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _fault(rank: int, what: str, error: Exception) -> DistributedFaultError:
+def _fault(rank: int, what: str, error: Exception, members: tuple[int, ...] | None = None) -> DistributedFaultError:
     """The backend's error turned into one line that names the culprit rank(s)."""
     cause = " ".join(str(error).split())[:160] or type(error).__name__
     waited = f" (ddp_timeout {_timeout_s:g} s)" if _timeout_s is not None else ""
     if _heartbeat is None:
         return DistributedFaultError(f"rank {rank}: {what} failed{waited}: {cause}", [])
-    ranks, why = _heartbeat.diagnose()
-    head = f"rank {rank}: {what} (collective {_heartbeat.collectives}) failed{waited}"
+    ranks, why = _heartbeat.diagnose(members)
+    count = _heartbeat.collectives if members is None else _heartbeat.group_calls.get(members, 0)
+    where = "" if members is None else f" of group {list(members)}"
+    head = f"rank {rank}: {what} (collective {count}{where}) failed{waited}"
     return DistributedFaultError(f"{head}: {why or 'no other rank looks dead or hung'}; backend said: {cause}", ranks)
 
 
-def _entered() -> None:
+def _entered(members: tuple[int, ...] | None = None) -> None:
     if _heartbeat is not None:
-        _heartbeat.collectives += 1
+        _heartbeat.count(members)
 
 
 class _Watched:
     """An async handle whose wait() turns a backend failure into a DistributedFaultError."""
 
-    def __init__(self, work, rank: int, what: str):
-        self.work, self.rank, self.what = work, rank, what
+    def __init__(self, work, rank: int, what: str, members: tuple[int, ...] | None = None):
+        self.work, self.rank, self.what, self.members = work, rank, what, members
 
     def wait(self):
         try:
             return self.work.wait()
         except RuntimeError as e:
-            raise _fault(self.rank, self.what, e) from None
+            raise _fault(self.rank, self.what, e, self.members) from None
 
     def is_completed(self) -> bool:
         return self.work.is_completed()
 
 
 class Comm:
-    """Collectives over the data-parallel group; each is a no-op when world size is 1."""
+    """Collectives over the data-parallel group; each is a no-op when world size is 1.
 
-    def __init__(self, state: ParallelState, group=None):
+    `rank` and `world_size` are this process's place in the group: `state` says them (for a
+    subgroup, build it with `Comm.subgroup`, which reads them from the group). Ranks passed to
+    reduce/broadcast are group ranks."""
+
+    def __init__(self, state: ParallelState, group=None, global_rank: int | None = None):
         self.state = state
         self.group = group
+        self.global_rank = state.rank if global_rank is None else global_rank
+        # a subgroup's collectives are counted apart: its members enter it a different number
+        # of times than ranks outside it do (heartbeat.py compares counts of one group only)
+        self.members = None if group is None else tuple(dist.get_process_group_ranks(group))
+        if self.members is not None and len(self.members) == dist.get_world_size():
+            self.members = None
+
+    @classmethod
+    def subgroup(cls, state: ParallelState, group) -> Comm:
+        """A Comm over `group` (every member must hold it), with the group's rank and size;
+        None (a one-rank dimension) gives a Comm that is alone."""
+        if group is None:
+            return cls(dataclasses.replace(state, rank=0, world_size=1), None, global_rank=state.rank)
+        local = dataclasses.replace(state, rank=dist.get_rank(group), world_size=dist.get_world_size(group))
+        return cls(local, group, global_rank=state.rank)
 
     @property
     def rank(self) -> int:
@@ -231,12 +253,12 @@ class Comm:
         return self.state.world_size == 1
 
     def _call(self, what: str, fn, *args, async_op: bool = False, **kwargs):
-        _entered()
+        _entered(self.members)
         try:
             work = fn(*args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as e:
-            raise _fault(self.rank, what, e) from None
-        return _Watched(work, self.rank, what) if async_op else None
+            raise _fault(self.global_rank, what, e, self.members) from None
+        return _Watched(work, self.global_rank, what, self.members) if async_op else None
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
         if self.alone:
@@ -247,7 +269,7 @@ class Comm:
         """Sum `tensor` across ranks into rank `dst` (elsewhere it is left as scratch)."""
         if self.alone:
             return _DoneWork() if async_op else None
-        return self._call("reduce", dist.reduce, tensor, dst=dst, async_op=async_op)
+        return self._call("reduce", dist.reduce, tensor, group_dst=dst, async_op=async_op)
 
     @functools.cached_property
     def _gloo(self) -> bool:
@@ -274,7 +296,7 @@ class Comm:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         if not self.alone:
-            self._call("broadcast", dist.broadcast, tensor, src=src)
+            self._call("broadcast", dist.broadcast, tensor, group_src=src)
 
     def all_gather_object(self, obj) -> list:
         if self.alone:

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 
 # Blocks that DeepSpeed validates with its pydantic models, which ignore "auto" values.
-DEFAULTING_BLOCKS = ("fp16", "bf16", "bfloat16", "zero_optimization")
+DEFAULTING_BLOCKS = ("fp16", "bf16", "bfloat16", "zero_optimization", "pipeline")
 
 # What `zerotrain train` and `zerotrain.Trainer` fill in, from which option (HF Trainer's list,
 # plus the curriculum's length): for error messages and `zerotrain config`.

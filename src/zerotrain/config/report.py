@@ -81,6 +81,8 @@ def _accepted_without_effect(entry: Entry) -> bool:
 def no_effect_keys(cfg) -> list[str]:
     """Every key present that changes nothing here, for the notice at initialize."""
     found = list(cfg.comment_keys)
+    if cfg.pipeline is None and isinstance(cfg.raw.get("pipeline"), dict):
+        found.append("pipeline (\"enabled\": false)")  # switched off: dropped by the schema
     for entry in entries(cfg, blocks=True):
         if _accepted_without_effect(entry):
             found.append(entry.path)

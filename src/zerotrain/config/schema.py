@@ -18,7 +18,8 @@ from pydantic import AliasChoices, PrivateAttr, field_validator, model_validator
 # the loader imports these from here too
 from .base import Block, FieldProblem, Float, Int, Number, _no_bool, acts, no_effect, refused, spellings, valid_keys  # noqa: F401
 from .data_efficiency import DataEfficiencyConfig, ScheduleConfig
-from .extras import DeepSpeedExtras
+from .extras import DeepSpeedExtras, is_off
+from .pipeline import PipelineConfig
 from .zero import ZeroConfig
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
@@ -192,6 +193,7 @@ class ZeroTrainConfig(DeepSpeedExtras):
     data_efficiency: DataEfficiencyConfig | None = acts(None, "Data sampling and routing.")
     data_types: DataTypesConfig = acts(None, "Gradient accumulation dtype.", default_factory=DataTypesConfig)
     checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)
+    pipeline: PipelineConfig | None = acts(None, "Pipeline parallelism: schedule and DeepSpeed's pipeline keys.")
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")
@@ -219,6 +221,11 @@ class ZeroTrainConfig(DeepSpeedExtras):
     @property
     def compute_dtype_name(self) -> str:
         return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
+
+    @field_validator("pipeline", mode="before")
+    @classmethod
+    def _pipeline_off(cls, value: Any) -> Any:
+        return None if isinstance(value, dict) and is_off(value) else value  # {"enabled": false}: no pipeline
 
     @field_validator("zero_optimization", mode="before")
     @classmethod

@@ -12,6 +12,11 @@ With checkpoint.use_node_local_storage each node's save_dir holds its own ranks'
 local rank 0 of every node writes model_states.pt (and stage 0's optimizer file), so each
 node's folder loads alone. Loading checks that every rank found the same checkpoint.
 
+Ranks that hold different parameters (pipeline stages, model-parallel slices) write one such
+set each, named with the engine's `checkpoint_prefix` (`pipe_01-model_states.pt`, ...);
+"rank" then means the rank in the data-parallel group of the strategy, and the RNG files keep
+the global rank.
+
 Everything is plain tensors and Python containers, so loading uses weights_only=True.
 """
 
@@ -52,8 +57,8 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _optim_file(rank: int) -> str:
-    return f"optim_rank{rank}.pt"
+def _optim_file(rank: int, prefix: str = "") -> str:
+    return f"{prefix}optim_rank{rank}.pt"
 
 
 def _sharded_names(engine) -> set[str]:
@@ -92,22 +97,33 @@ def _load_module(engine, state: dict, strict: bool) -> None:
 
 
 def writes_shared_files(engine) -> bool:
-    """This rank writes a checkpoint's one-per-folder files: rank 0, or with node-local storage
-    local rank 0 of each node (each node's folder then holds them)."""
+    """This rank writes a checkpoint's one-per-folder files (the manifest, `latest`): rank 0, or
+    with node-local storage local rank 0 of each node (each node's folder then holds them)."""
     if engine.config.checkpoint.use_node_local_storage:
         return engine.comm.state.local_rank == 0
     return engine.comm.rank == 0
 
 
+def _writes_model_states(engine) -> bool:
+    """Data-parallel rank 0 of each set of parameters (a pipeline: of each stage)."""
+    if engine.config.checkpoint.use_node_local_storage:
+        if engine.checkpoint_prefix:
+            raise CheckpointError("checkpoint.use_node_local_storage with pipeline or model parallelism is not "
+                                  "built: give the nodes a shared output_dir, or drop use_node_local_storage")
+        return engine.comm.state.local_rank == 0
+    return engine.strategy.comm.rank == 0
+
+
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None) -> bool:
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
-    comm = engine.comm
+    comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
-    main = writes_shared_files(engine)
-    with CheckpointWriter(save_dir, tag, is_main=main, barrier=comm.barrier, save_latest=save_latest) as writer:
-        if main:
-            writer.save("model_states.pt", {
+    states = _writes_model_states(engine)
+    with CheckpointWriter(save_dir, tag, is_main=writes_shared_files(engine), barrier=comm.barrier,
+                          save_latest=save_latest) as writer:
+        if states:
+            writer.save(f"{prefix}model_states.pt", {
                 "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
@@ -118,11 +134,12 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "features": {f.name: f.state_dict() for f in engine.features},
                 "zero_stage": engine.strategy.stage,
                 "layout": dict(engine.strategy.layout(_param_names(engine.module)), aliases=_aliases(engine.module)),
-                "world_size": comm.world_size,
+                "world_size": shard.world_size,
                 "client_state": client_state,
+                **engine.checkpoint_extras(),
             })
-        if main or shards_optimizer:  # stage 0: every rank holds rank 0's state
-            writer.save(_optim_file(comm.rank if shards_optimizer else 0), {
+        if states or shards_optimizer:  # stage 0: every data-parallel rank holds rank 0's state
+            writer.save(_optim_file(shard.rank if shards_optimizer else 0, prefix), {
                 "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
                 "strategy": engine.strategy.state_dict(),
             })
@@ -184,28 +201,34 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
-    comm = engine.comm
+    comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     stage = engine.strategy.stage
-    model_states = load_file(path, "model_states.pt")
-    with _applying(path, "model_states.pt"):
+    states_file = f"{prefix}model_states.pt"
+    if not (path / states_file).is_file():
+        written = sorted(f.name for f in path.iterdir() if f.name.endswith("model_states.pt"))
+        raise CheckpointError(f"{path} has no {states_file} (it holds {', '.join(written) or 'no model states'}): "
+                              "it was written with another pipeline or model-parallel layout; load it with that "
+                              "layout, or write full weights with `zerotrain consolidate`")
+    model_states = load_file(path, states_file)
+    with _applying(path, states_file):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
         if saved_stage != stage:
             raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
         _load_module(engine, model_states["module"], strict)
-    name = _optim_file(comm.rank if engine.strategy.shards_optimizer else 0)
-    if saved_world != comm.world_size:  # every old rank's file, cut again for this world
+    name = _optim_file(shard.rank if engine.strategy.shards_optimizer else 0, prefix)
+    if saved_world != shard.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))
-        with _applying(path, "model_states.pt"):
+        with _applying(path, states_file):
             if not engine.strategy.can_reshard:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
                                       f"offload it loads only into {saved_world} ranks")
             if engine.config.checkpoint.use_node_local_storage:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
                                       f"node holds its own ranks' files); it loads only into {saved_world} ranks")
-            rank_state = reshard_rank_state(path, model_states["layout"], layout, comm.rank)
-        name = "optim_rank*.pt"
+            rank_state = reshard_rank_state(path, model_states["layout"], layout, shard.rank, prefix)
+        name = f"{prefix}optim_rank*.pt"
     else:
         rank_state = load_file(path, name)
     with _applying(path, name):
@@ -214,12 +237,12 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             engine.optimizer.load_state_dict(rank_state["optimizer"])
         # stage 3 keeps its weights here, so this is loaded even for load_module_only
         engine.strategy.load_state_dict(rank_state.get("strategy", {}))
-    with _applying(path, "model_states.pt"):
+    with _applying(path, states_file):
         if load_module_only:
             return str(path), model_states["client_state"]
         for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
             setattr(engine, name, int(model_states[name]))
-        if saved_world != comm.world_size:  # the same global batch, accumulated differently
+        if saved_world != shard.world_size:  # the same global batch, accumulated differently
             engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])

@@ -26,6 +26,9 @@ log = logging.getLogger("zerotrain")
 
 
 class Engine(torch.nn.Module):
+    # ranks that hold different parameters (pipeline stages) name their checkpoint files apart
+    checkpoint_prefix = ""
+
     def __init__(self, module: torch.nn.Module, config, comm, strategy, optimizer, lr_scheduler,
                  loss_scaler, compute_dtype: torch.dtype, features: list[EngineFeature] = (),
                  training_dataloader=None):
@@ -280,7 +283,15 @@ class Engine(torch.nn.Module):
         stage 3: every rank must call it)."""
         return self.strategy.full_state_dict(self.module)
 
+    def train_batch(self, data_iter=None):
+        raise TypeError("engine.train_batch runs a pipeline: build the model as zerotrain.pipe.PipelineModule("
+                        "layers, num_stages=...); for this model use engine(batch), engine.backward(loss), engine.step()")
+
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
+    def checkpoint_extras(self) -> dict:
+        """What a subclass adds to its model_states file (a pipeline: its stage layout)."""
+        return {}
+
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True, extra_files=None):
         """extra_files(folder): called on every rank once the engine's files are written, with
         the checkpoint's folder before it is published; what it writes there is published with

@@ -32,7 +32,7 @@ class Timers:
 
     def summary_and_reset(self) -> str:
         """'forward=12.3ms backward=20.1ms step=3.0ms' (mean per call since last summary)."""
-        parts = [f"{k}={1000 * self.total[k] / self.count[k]:.1f}ms" for k in ("forward", "backward", "step")
+        parts = [f"{k}={1000 * self.total[k] / self.count[k]:.1f}ms" for k in ("forward", "backward", "pipeline", "reduce", "step")
                  if self.count[k]]
         self.total.clear()
         self.count.clear()

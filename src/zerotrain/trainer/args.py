@@ -139,6 +139,8 @@ class TrainingArguments:
     resume_from_checkpoint: str | None = _opt(
         None, "Continue a run: a checkpoint folder, or `latest` for the newest one in output_dir.")
     gradient_checkpointing: bool = _opt(False, "Recompute each block's activations in backward to save memory.")
+    pipeline_parallel_size: int = _opt(1, "Pipeline stages: the model's blocks are split into this many stages "
+                                          "(embedding first, head last); processes = data parallel x stages.")
     ddp_timeout: int = _opt(1800, "Seconds a collective may wait before the process group gives up.")
     ddp_find_unused_parameters: bool | None = _opt(
         None, "Allow parameters that get no gradient in a step (default true); false makes such a "
@@ -173,7 +175,7 @@ def aliases() -> dict[str, str]:
 def check_training_arguments(args: TrainingArguments) -> None:
     """Checks that need only these options; the Trainer checks the rest against model and data."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                 "logging_steps", "save_steps", "ddp_timeout"):
+                 "logging_steps", "save_steps", "ddp_timeout", "pipeline_parallel_size"):
         value = getattr(args, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name}: should be a positive integer, got {value!r}")

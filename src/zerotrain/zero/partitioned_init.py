@@ -23,7 +23,7 @@ from torch import nn
 
 from ..comm import Comm, init_parallel
 from .layout import cut, glue
-from .partitioned_param import PartitionedParameter, make_partitioned, make_plain
+from .partitioned_param import PartitionedParameter, make_partitioned
 
 
 def is_partitioned(p: torch.Tensor) -> bool:

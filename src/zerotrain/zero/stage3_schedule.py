@@ -82,6 +82,7 @@ class GatherSchedule:
 
     def end_backward(self) -> None:
         self.in_backward = False
+        self._stack = []
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -203,7 +204,7 @@ class GatherSchedule:
         the same order, so the prefetch collectives line up across ranks."""
         position = len(self._now[backward])
         self._now[backward].append(k)
-        if not backward:
+        if not backward and not self.in_backward:  # recomputation may stop early, hooks unrun
             self._stack.append(k)
         self.gatherer.gather(self.owners[k])
         trace = self._traces[backward]

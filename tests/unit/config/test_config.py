@@ -429,7 +429,6 @@ def test_unknown_key_suggests_alias_and_short_name():
     ({"sparse_attention": {"mode": "fixed"}}, "sparse_attention: sparse attention changes the model"),
     ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel: tensor parallelism is not built yet"),
     ({"compile": {"deepcompile": True}}, "compile: torch.compile of the engine"),
-    ({"pipeline": {"stages": 2}}, "pipeline: pipeline parallelism is not built yet"),
     ({"amp": {"enabled": True}}, "amp: apex AMP is not built"),
     ({"quantize_training": {"enabled": True}}, "quantize_training: quantized training (MoQ) is not built"),
     ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},

@@ -199,3 +199,30 @@ def test_initialize_again_on_the_same_model_takes_it_over(first, second):
         engine(batch(3))
     if second < 3:
         assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+class Checkpointed(nn.Module):
+    """A block recomputed in backward with torch's non-reentrant checkpoint, which stops the
+    recomputation early (post-forward hooks of the last modules never run)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda t: self.b(torch.tanh(self.a(t))), x, use_reentrant=False)
+        return (self.c(h) ** 2).mean()
+
+
+def test_a_pass_ends_with_backward_even_when_recomputation_stops_early():
+    """Else a later state_dict() on rank 0 alone would gather: a collective the others never join."""
+    model = Checkpointed()
+    engine, *_ = zerotrain.initialize(model=model, config=config(3))
+    for i in range(2):
+        engine.backward(engine(batch(i)))
+        engine.step()
+        assert not engine.strategy.schedule.in_pass
+    assert all(v.numel() == 0 for v in model.state_dict().values())  # stays empty: nothing gathered

@@ -104,6 +104,10 @@ class MicroBatches:
         if module.training:  # evaluation forwards are not training tokens
             self.sums[2] += count_tokens(args, kwargs)
 
+    def at_boundary(self) -> bool:
+        """Will the next micro-batch complete an optimizer step?"""
+        return self.engine.is_gradient_accumulation_boundary()
+
     def run(self, batch: dict) -> None:
         engine = self.engine
         if self.task == "mlm":

@@ -49,6 +49,7 @@ from ..report.banner import banner
 from ..report.metrics_log import MetricsLog, write_predictions
 from ..report.progress import Progress, summary_table
 from . import run_folder
+from .saving import SavesAndResumes
 from .evaluate import evaluate
 from .interrupt import StopRequest, interrupted
 from .step import MicroBatches, TrainClock, UnusedParameterCheck, decay_groups
@@ -67,7 +68,7 @@ def _explicit_of(args: TrainingArguments) -> set[str]:
     return {name for name, default in fresh.items() if getattr(args, name) != default}
 
 
-class Trainer:
+class Trainer(SavesAndResumes):
     def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset, eval_dataset=None, *,
                  task: str = "clm", tokenizer=None, data_collator=None, model_info: ModelInfo | None = None,
                  lora_config: dict | None = None, base_model: str | None = None, num_labels: int | None = None,
@@ -88,7 +89,12 @@ class Trainer:
         run_folder.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
         if resuming:
             run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
-        world = self.comm.world_size
+        stages = args.pipeline_parallel_size
+        if self.comm.world_size % stages:
+            raise ConfigError(f"--pipeline_parallel_size {stages}: the {self.comm.world_size} processes are not a "
+                              f"multiple of it; launch a multiple of {stages}")
+        world = self.comm.world_size // stages  # data-parallel ranks (the mesh's data index is rank % world)
+        self.data_rank, self.data_world = self.comm.rank % world, world
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
                                                        world, self.info.hidden_size or model_hidden_size(model),
                                                        block_size or (lambda: sample_length(train_dataset)))
@@ -97,7 +103,7 @@ class Trainer:
         self.micro_per_epoch, self.loader = 1, None
         if train_dataset is not None:  # None: evaluate only (do_train false)
             lengths = sample_lengths(train_dataset) if args.group_by_length else None
-            self.sampler = TrainSampler(len(train_dataset), mb, self.comm.rank, world, args.seed, lengths)
+            self.sampler = TrainSampler(len(train_dataset), mb, self.data_rank, world, args.seed, lengths)
             self.loader = DataLoader(train_dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
                                      num_workers=args.dataloader_num_workers,
                                      generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
@@ -108,6 +114,11 @@ class Trainer:
         set_seed(args.seed)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
+        trained, self.pipe_names = model, None  # --pipeline_parallel_size: this rank's stage keys -> the model's
+        if stages > 1:
+            from ..pipeline_split import split_model
+
+            trained, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"))
         self.steps_per_epoch = self.micro_per_epoch // ga
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
@@ -121,8 +132,8 @@ class Trainer:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
         try:
-            self.engine, _, _, _ = zerotrain.initialize(model=model, config=ds, lr_scheduler=factory,
-                                                        model_parameters=decay_groups(model, args.weight_decay))
+            self.engine, _, _, _ = zerotrain.initialize(model=trained, config=ds, lr_scheduler=factory,
+                                                        model_parameters=decay_groups(trained, args.weight_decay))
         except ValueError as e:  # HF-style scheduler argument errors
             if isinstance(e, (ConfigError, DataError)):
                 raise
@@ -144,9 +155,14 @@ class Trainer:
         self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
-        self.unused = UnusedParameterCheck(model) if args.ddp_find_unused_parameters is False else None
+        self.unused = UnusedParameterCheck(trained) if args.ddp_find_unused_parameters is False else None
         self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, mlm_probability)
         self.keys = self.micro_batches.keys
+        if self.pipe_names is not None:
+            from ..pipeline_split import PipelineMicroBatches
+
+            self.micro_batches = PipelineMicroBatches(self.engine, self.keys, self.info.kind, task, tokenizer,
+                                                      mlm_probability)
         if train_dataset is not None and "position_ids" in getattr(train_dataset, "column_names", ()) \
                 and "position_ids" not in self.keys:
             raise ConfigError(f"packing needs a model whose forward takes position_ids (HF models); "
@@ -161,7 +177,7 @@ class Trainer:
         self.progress: Progress | None = None
         self.last_saved: int | None = None  # step of the newest checkpoint this run wrote or resumed from
         if self.rank0:
-            nodes = max(1, world // (self.comm.state.local_world_size or world))
+            nodes = max(1, self.comm.world_size // (self.comm.state.local_world_size or self.comm.world_size))
             print(banner(self.engine, model, task, self.total_steps, nodes), flush=True)
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -216,7 +232,7 @@ class Trainer:
             for batch in self.loader:
                 if self.micro_in_epoch >= self.micro_per_epoch:
                     break  # the remainder that does not fill an optimizer step
-                boundary = engine.is_gradient_accumulation_boundary()
+                boundary = self.micro_batches.at_boundary()
                 try:
                     self.micro_batches.run(batch)
                 except NonFiniteStepsError as e:
@@ -299,6 +315,14 @@ class Trainer:
 
     def _evaluate(self, dataset, prefix: str = "eval", predictions: list | None = None) -> dict:
         args = self.args
+        if self.pipe_names is not None:
+            from ..pipeline_split import evaluate_pipeline
+
+            return evaluate_pipeline(self.engine, dataset, collator=self.collator, keys=self.keys, kind=self.info.kind,
+                                     task=self.task, batch_size=args.per_device_eval_batch_size,
+                                     workers=args.dataloader_num_workers, seed=args.seed, data_rank=self.data_rank,
+                                     data_world=self.data_world, tokenizer=self.tokenizer,
+                                     mlm_probability=self.mlm_probability, prefix=prefix)
         return evaluate(self.engine, dataset, collator=self.collator, keys=self.keys, task=self.task,
                         num_labels=self.num_labels, batch_size=args.per_device_eval_batch_size,
                         workers=args.dataloader_num_workers, seed=args.seed, tokenizer=self.tokenizer,
@@ -313,74 +337,6 @@ class Trainer:
             write_predictions(self.output_dir, predictions, self.label_names)
         self._emit({"step": self.engine.global_steps, "tokens": self.tokens, **metrics})
         return metrics
-
-    # ---- saving and resuming -----------------------------------------------------------------
-    def _state(self) -> dict:
-        return {"epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "tokens": self.tokens,
-                "world_size": self.comm.world_size,
-                "train_time": self.clock.total, "best_metric": self.best_metric,
-                "best_checkpoint": self.best_checkpoint,
-                "plateau": self.plateau.state_dict() if self.plateau is not None else None}
-
-    def save_checkpoint(self) -> Path:
-        """checkpoint-<step>: the engine's files and the model folder (save_model), published
-        together under one manifest, so a checkpoint that verifies is also a loadable model."""
-        step = self.engine.global_steps
-        tag = f"checkpoint-{step}"
-        folder = self.output_dir / tag
-        metric = self.last_eval.get("eval_loss") if self.last_eval.get("step") == step else None
-        if metric is not None and (self.best_metric is None or metric < self.best_metric):
-            self.best_metric, self.best_checkpoint = metric, str(folder)
-        with self.clock.paused():
-            self.engine.save_checkpoint(str(self.output_dir), tag=tag, client_state={"trainer": self._state()},
-                                        extra_files=lambda staging: self.save_model(staging, self.node_main))
-            self.last_saved = step
-            if self.node_main:
-                best = Path(self.best_checkpoint) if self.best_checkpoint else None
-                run_folder.rotate(self.output_dir, self.args.save_total_limit, best)
-            self.comm.barrier()
-        for cb in self.callbacks:
-            getattr(cb, "on_save", lambda t, p: None)(self, folder)
-        return folder
-
-    def save_model(self, folder: Path | None = None, writer: bool | None = None) -> Path:
-        """Weights (or the LoRA adapter) + tokenizer, written by `writer` (default rank 0); a
-        collective under ZeRO-3, so every rank calls it."""
-        from ..model.build import save_model
-        from ..model.lora import save_adapter
-
-        folder = Path(folder) if folder is not None else self.output_dir
-        state = self.engine.module_state_dict()
-        if self.rank0 if writer is None else writer:
-            if self.lora_config is not None:
-                save_adapter(folder, state, self.lora_config, self.base_model)
-                if self.tokenizer is not None:
-                    self.tokenizer.save_pretrained(str(folder))
-            else:
-                save_model(folder, self.model, self.info, state, self.tokenizer)
-        return folder
-
-    def _resume(self) -> int:
-        save_dir, tag = run_folder.resolve_resume(self.args.resume_from_checkpoint, self.output_dir)
-        path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
-        state = (client or {}).get("trainer")
-        if path is None or state is None:
-            raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
-                              f"{path or save_dir} is not a checkpoint written by `zerotrain train`")
-        written_by = state.get("world_size", self.comm.world_size)
-        if written_by != self.comm.world_size:  # the data order is planned per process count
-            raise ConfigError(f"--resume_from_checkpoint: {path} was written by {written_by} processes and this run "
-                              f"has {self.comm.world_size}; resume with --nproc_per_node {written_by} (its position "
-                              "in the epoch exists only for that count)")
-        self.epoch, self.micro_in_epoch, self.tokens = state["epoch"], state["micro_in_epoch"], state["tokens"]
-        self.clock = TrainClock(state["train_time"])
-        self.best_metric, self.best_checkpoint = state["best_metric"], state["best_checkpoint"]
-        self.last_saved = self.engine.global_steps
-        if self.plateau is not None and state.get("plateau") is not None:
-            self.plateau.load_state_dict(state["plateau"])
-        if self.rank0:
-            print(f"resumed from {path} at step {self.engine.global_steps} (epoch {self.epoch})", flush=True)
-        return self.engine.global_steps
 
     def _finish(self, trained: bool = True) -> dict:
         self.progress.close()

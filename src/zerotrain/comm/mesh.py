@@ -1,0 +1,100 @@
+"""The job's ranks as a named grid on a torch DeviceMesh: pipe x data x tensor.
+
+    rank = (pipe * data_size + data) * tensor_size + tensor          tensor varies fastest
+
+the order of DeepSpeed's PipeModelDataParallelTopology (and PipeDataParallelTopology when the
+tensor size is 1), so a DeepSpeed script's rank arithmetic carries over. Each named dimension
+has its process group from the DeviceMesh; `comm(dim)` wraps it in a Comm whose rank and
+size are the group's (a one-rank dimension gives a Comm that is alone, so its collectives
+are no-ops). The tensor dimension is 1 today; DTensor-based tensor parallelism takes the
+same mesh (`device_mesh`) and its "tensor" dimension.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..errors import ConfigError
+from .collectives import Comm, ParallelState
+
+DIMS = ("pipe", "data", "tensor")
+
+
+class ParallelMesh:
+    def __init__(self, state: ParallelState, pipe: int = 1, tensor: int = 1):
+        world = state.world_size
+        for name, size in (("pipeline", pipe), ("tensor", tensor)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ConfigError(f"the {name} parallel size should be a positive integer, got {size!r}")
+        if world % (pipe * tensor):
+            raise ConfigError(f"the world size {world} is not divisible by pipeline size {pipe} x tensor size "
+                              f"{tensor}; launch a multiple of {pipe * tensor} processes or change the sizes")
+        self.state = state
+        self.sizes = {"pipe": pipe, "data": world // (pipe * tensor), "tensor": tensor}
+        shape = tuple(self.sizes[d] for d in DIMS)
+        self.device_mesh = None
+        if world > 1:
+            self.device_mesh = init_device_mesh(state.device.type, shape, mesh_dim_names=DIMS)
+        self.coords = self.coord_of(state.rank)
+
+    def size(self, dim: str) -> int:
+        return self.sizes[dim]
+
+    def coord(self, dim: str) -> int:
+        return self.coords[dim]
+
+    def coord_of(self, rank: int) -> dict[str, int]:
+        data, tensor = self.sizes["data"], self.sizes["tensor"]
+        return {"pipe": rank // (data * tensor), "data": rank // tensor % data, "tensor": rank % tensor}
+
+    def rank_of(self, pipe: int | None = None, data: int | None = None, tensor: int | None = None) -> int:
+        """The global rank at these coordinates (missing ones: this rank's)."""
+        c = {**self.coords, **{k: v for k, v in (("pipe", pipe), ("data", data), ("tensor", tensor)) if v is not None}}
+        return (c["pipe"] * self.sizes["data"] + c["data"]) * self.sizes["tensor"] + c["tensor"]
+
+    def ranks_along(self, *dims: str) -> list[int]:
+        """The global ranks that share this rank's coordinates in every dimension but `dims`."""
+        ranges = [range(self.sizes[d]) if d in dims else [self.coords[d]] for d in DIMS]
+        return sorted(self.rank_of(*c) for c in itertools.product(*ranges))
+
+    def group(self, dim: str):
+        """The process group of one dimension (None in a one-process job)."""
+        return None if self.device_mesh is None else self.device_mesh.get_group(dim)
+
+    @functools.cache
+    def comm(self, *dims: str) -> Comm:
+        """A Comm over the ranks that differ from this one only in `dims` (one dimension: its
+        DeviceMesh group; several: a group made for them, by every rank at once)."""
+        wide = [d for d in dims if self.sizes[d] > 1]
+        if len(wide) <= 1:  # the others have one rank: the same ranks as one dimension's group
+            return Comm.subgroup(self.state, self.group(wide[0] if wide else dims[0]))
+        lists = self._all_lists(dims)
+        mine = None
+        for ranks in lists:  # every rank creates every group, in the same order
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if self.state.rank in ranks:
+                mine = group
+        return Comm.subgroup(self.state, mine)
+
+    def _all_lists(self, dims: tuple[str, ...]) -> list[list[int]]:
+        fixed = [d for d in DIMS if d not in dims]
+        out = []
+        for values in itertools.product(*(range(self.sizes[d]) for d in fixed)):
+            at = dict(zip(fixed, values))
+            ranges = [range(self.sizes[d]) if d in dims else [at[d]] for d in DIMS]
+            out.append(sorted(self.rank_of(*c) for c in itertools.product(*ranges)))
+        return out
+
+
+def subgroup_comms(state: ParallelState, rank_lists: list[list[int]]) -> list[Comm | None]:
+    """One Comm per rank list that holds this rank (None for the others). Every rank must call
+    this with the same lists in the same order (torch creates groups collectively)."""
+    out = []
+    for ranks in rank_lists:
+        group = dist.new_group(sorted(ranks)) if len(ranks) > 1 else None
+        out.append(Comm.subgroup(state, group) if state.rank in ranks else None)
+    return out

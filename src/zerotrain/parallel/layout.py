@@ -1,0 +1,41 @@
+"""What initialize needs to know about how the ranks split the model.
+
+The plain case: every rank holds the whole model and ZeRO runs over the world. A pipeline
+(pipe/setup.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
+runs over, which model-parallel group the gradient norm spans (parallel/norm.py), what to do
+after the initial weights are broadcast, and which engine to build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.engine import Engine
+from ..features.engine_methods import TrainingEngine
+from ..errors import ConfigError
+from .norm import ModelParallelNorm
+
+
+@dataclass
+class Layout:
+    data_comm: object  # the Comm ZeRO runs over
+    model_comm: object = None  # the Comm over the other parts of the model (None: there are none)
+    uncounted: Callable[[], list] = field(default=lambda: [])
+    check: Callable[[object], None] = field(default=lambda cfg: None)
+    after_broadcast: Callable[[], None] = field(default=lambda: None)
+    make_engine: Callable[..., Engine] = TrainingEngine
+
+    def wrap(self, strategy):
+        if self.model_comm is None or self.model_comm.alone:
+            return strategy
+        return ModelParallelNorm(strategy, self.model_comm, self.uncounted())
+
+
+def plain_layout(model, comm) -> Layout:
+    def check(cfg) -> None:
+        if cfg.pipeline is not None:
+            raise ConfigError(f"pipeline: the model is a {type(model).__name__}, not a zerotrain.pipe.PipelineModule; "
+                              "build it as PipelineModule(layers=[...], num_stages=...) or remove the pipeline block")
+
+    return Layout(comm, check=check)

@@ -1,0 +1,267 @@
+"""`--pipeline_parallel_size P`: a model the trainer built, cut into pipeline stages by its
+block list, embedding in the first stage, head in the last.
+
+    zerotrain GPT     [tok embed*] [positions] [PreLNBlock] x L [ln_f] [tok embed* as head]
+    zerotrain BERT    [tok embed*] [positions, types, LN] [block] x L [ln_f, transform] [tok embed* as decoder] [bias]
+    HF LLaMA-family   [embed_tokens] [rotary] [decoder layer] x L [norm] [lm_head]   (* = tied when tied)
+    HF GPT-2          [wte*] [wpe] [GPT2Block] x L [ln_f] [wte* as lm_head]
+
+The layers are the model's own modules (the trainer has built the whole model on every rank;
+each rank then keeps only its stages' weights). Tied token embeddings become one
+TiedLayerSpec key, so their gradients are summed over the first and last stage. The model's
+own names of this rank's weights are read by identity before training (`names`), so the
+stages' state dicts can be saved as the model's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..pipe import PipelineModule
+from ..pipe.spec import TiedLayerSpec
+
+
+class _Existing(TiedLayerSpec):
+    """A tied layer that is a module already built."""
+
+    def __init__(self, key: str, module: nn.Module, forward_fn=None):
+        self.key, self.typename, self.module = key, type(module), module
+        self.module_args, self.module_kwargs = (), {}
+        self.forward_fn, self.tied_weight_attr = forward_fn, ["weight"]
+
+    def build(self, log: bool = False) -> nn.Module:
+        return self.module
+
+
+class _Call(nn.Module):
+    """Registers `parts` and runs fn(parts, x)."""
+
+    def __init__(self, fn, **parts):
+        super().__init__()
+        self.fn = fn
+        for name, part in parts.items():
+            setattr(self, name, part)
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+def _gpt_loss(logits, labels):
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def _mlm_loss(logits, labels):
+    picked = labels != -100
+    return F.cross_entropy(logits[picked].float(), labels[picked])
+
+
+def _project(m, x):
+    return x @ m.weight.t()
+
+
+def _embed_first(m, xs):  # (ids, mask) -> (embedding, ids, mask)
+    return (m(xs[0]), *xs) if isinstance(xs, tuple) else m(xs)
+
+
+def _ours_gpt(model):
+    tied = model.lm_head.weight is model.wte.weight
+    head = _Existing("embed", model.wte, forward_fn=_project) if tied else _Call(lambda s, x: s.head(x), head=model.lm_head)
+    layers = [_Existing("embed", model.wte) if tied else _Call(lambda s, x: s.wte(x), wte=model.wte),
+              _Call(lambda s, x: x + s.wpe(torch.arange(x.shape[1], device=x.device)), wpe=model.wpe),
+              *model.blocks._modules.values(), model.ln_f, head]
+    return layers, _gpt_loss
+
+
+class _BertBlock(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, xs):
+        x, mask = xs
+        return self.block(x, mask[:, None, None, :].bool()), mask
+
+
+def _ours_bert(model):
+    enc = model.bert
+
+    def rest(s, xs):
+        e, ids, mask = xs
+        x = e + s.wpe(torch.arange(ids.shape[1], device=ids.device))
+        return F.dropout(s.ln_emb(x), enc.cfg.dropout, s.training), mask
+
+    def transform(s, xs):
+        return s.ln(F.gelu(s.dense(s.ln_f(xs[0]))))
+
+    layers = [_Existing("embed", enc.wte, forward_fn=_embed_first), _Call(rest, wpe=enc.wpe, wtt=enc.wtt, ln_emb=enc.ln_emb),
+              *[_BertBlock(b) for b in enc.blocks._modules.values()],
+              _Call(transform, ln_f=enc.ln_f, dense=model.dense, ln=model.ln),
+              _Existing("embed", enc.wte, forward_fn=_project),
+              _Call(lambda s, x: x + s.decoder.bias, decoder=model.decoder)]
+    return layers, _mlm_loss
+
+
+def _hf_decoder(model):
+    base = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if hasattr(base, "layers") and hasattr(base, "rotary_emb"):  # LLaMA, Qwen, Mistral
+        def rotary(s, x):
+            pos = torch.arange(x.shape[1], device=x.device)[None]
+            cos, sin = s.rotary(x, pos)
+            return x, cos, sin
+
+        def block(layer, xs):
+            x, cos, sin = xs
+            out = layer(x, attention_mask=None, position_embeddings=(cos, sin),
+                        position_ids=torch.arange(x.shape[1], device=x.device)[None])
+            return (out[0] if isinstance(out, tuple) else out), cos, sin
+
+        embed, blocks, top = base.embed_tokens, base.layers, [_Call(lambda s, xs: s.norm(xs[0]), norm=base.norm)]
+        first = [_Call(rotary, rotary=base.rotary_emb)]
+    elif hasattr(base, "h") and hasattr(base, "wpe"):  # GPT-2
+        def block(layer, x):
+            out = layer(x)
+            return out[0] if isinstance(out, tuple) else out
+
+        embed, blocks, top = base.wte, base.h, [base.ln_f]
+        first = [_Call(lambda s, x: x + s.wpe(torch.arange(x.shape[1], device=x.device)), wpe=base.wpe)]
+    else:
+        raise ConfigError(f"--pipeline_parallel_size: no block list found in {type(model).__name__}; supported are "
+                          "zerotrain's GPT and BERT and HF LLaMA/Qwen/Mistral/GPT-2-style decoders")
+    tied = model.lm_head.weight is embed.weight
+    wrapped = [_Call(lambda s, x, fn=block: fn(s.layer, x), layer=b) for b in blocks]
+    head = _Existing("embed", embed, forward_fn=_project) if tied else _Call(lambda s, x: s.head(x), head=model.lm_head)
+    embed_layer = _Existing("embed", embed) if tied else _Call(lambda s, x: s.embed(x), embed=embed)
+    return [embed_layer, *first, *wrapped, *top, head], _gpt_loss
+
+
+def split_model(model: nn.Module, kind: str, task: str, stages: int, pipeline_cfg: dict | None = None):
+    """(PipelineModule, names): names maps its state-dict keys on this rank to the model's."""
+    if kind == "gpt" and task == "clm":
+        layers, loss = _ours_gpt(model)
+    elif kind == "bert" and task == "mlm":
+        layers, loss = _ours_bert(model)
+    elif kind == "hf" and task == "clm":
+        layers, loss = _hf_decoder(model)
+    else:
+        raise ConfigError(f"--pipeline_parallel_size: a {kind} model for task {task} cannot be split; use a GPT "
+                          "or HF decoder (clm) or a BERT (mlm), or --pipeline_parallel_size 1")
+    own = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
+        own.setdefault(id(t), name)  # a tied weight: its first name
+    cfg = pipeline_cfg or {}
+    partition = cfg.get("partition", "best")
+    net = PipelineModule(layers, num_stages=stages, loss_fn=loss, seed_layers=bool(cfg.get("seed_layers", False)),
+                         partition_method="parameters" if partition == "best" else partition,
+                         droppable_layers=f"type:^({'|'.join(_block_types(layers))})$")
+    names = {name: own[id(t)] for name, t in list(net.named_parameters(remove_duplicate=False))
+             + list(net.named_buffers()) if id(t) in own}
+    keep = {id(t) for t in list(net.parameters()) + list(net.buffers())}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in keep:  # another stage's weight: free it here
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    return net, names
+
+
+def _block_types(layers) -> list[str]:
+    counts: dict[str, int] = {}
+    for layer in layers:
+        if isinstance(layer, nn.Module):
+            counts[type(layer).__name__] = counts.get(type(layer).__name__, 0) + 1
+    return [max(counts, key=counts.get)]
+
+
+# ---- the trainer's loop, eval and save with a pipeline engine ---------------------------------
+def _pair(inputs: dict, kind: str):
+    ids = inputs["input_ids"]
+    x = (ids, inputs["attention_mask"]) if kind == "bert" else ids
+    return x, inputs["labels"]
+
+
+class PipelineMicroBatches:
+    """The trainer's micro-batch runner (loop/step.py MicroBatches) for a pipeline: it holds a
+    step's micro-batches and the last one runs engine.train_batch over all of them. The step's
+    mean loss is reported once per micro-batch (x accumulation at the last, 0 before), so the
+    trainer's mean over every rank's micro-batches is that mean; tokens are counted where the
+    first stage reads them, once."""
+
+    def __init__(self, engine, keys, kind: str, task: str, tokenizer, mlm_probability: float):
+        self.engine, self.keys, self.kind = engine, keys, kind
+        self.task, self.tokenizer, self.mlm_probability = task, tokenizer, mlm_probability
+        self.piped: list = []
+        self.sums = torch.zeros(3, dtype=torch.float64)
+
+    def at_boundary(self) -> bool:
+        return len(self.piped) + 1 == self.engine.gradient_accumulation_steps()
+
+    def run(self, batch: dict) -> None:
+        from .data.collate import mask_tokens
+        from .loop.step import forward_inputs
+
+        engine = self.engine
+        if self.task == "mlm":
+            batch = mask_tokens(batch, self.tokenizer, self.mlm_probability)
+        self.piped.append(_pair(forward_inputs(batch, self.keys, engine.device), self.kind))
+        ga = engine.gradient_accumulation_steps()
+        if len(self.piped) == ga:
+            pairs, self.piped = self.piped, []
+            self.sums[0] += engine.train_batch(iter(pairs)).item() * ga
+        self.sums[1] += 1
+        if engine.is_first_stage():
+            cut = engine.feature_value("curriculum_seqlen")
+            mask = batch["attention_mask"] if "attention_mask" in batch else torch.ones_like(batch["input_ids"])
+            self.sums[2] += int(mask[:, :cut].sum()) if cut else int(mask.sum())
+
+    def take(self) -> torch.Tensor:
+        out = self.sums.clone()
+        self.sums.zero_()
+        return out
+
+
+def evaluate_pipeline(engine, dataset, *, collator, keys, kind: str, task: str, batch_size: int, workers: int,
+                      seed: int, data_rank: int, data_world: int, tokenizer=None, mlm_probability: float = 0.15,
+                      prefix: str = "eval") -> dict:
+    """<prefix>_loss (and perplexity for clm) over the eval set, one micro-batch per eval_batch
+    (padding makes each batch its own shape); the mean over samples of every data-parallel rank
+    (a pipeline's stages read the same batches)."""
+    import math
+    import time
+
+    from torch.utils.data import DataLoader
+
+    from .data.collate import mask_tokens
+    from .data.sampler import EvalSampler
+    from .loop.step import forward_inputs
+
+    start = time.perf_counter()
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=EvalSampler(len(dataset), data_rank, data_world),
+                        collate_fn=collator, num_workers=workers)
+    generator = torch.Generator().manual_seed(seed)
+    total = torch.zeros(2, dtype=torch.float64)
+    for batch in loader:
+        if task == "mlm":
+            batch = mask_tokens(batch, tokenizer, mlm_probability, generator)
+        n = len(batch["input_ids"])
+        pair = _pair(forward_inputs(batch, keys, engine.device), kind)
+        loss = engine.eval_batch(iter([pair]), num_micro_batches=1).item()
+        total += torch.tensor([loss * n, n], dtype=torch.float64)  # the same on every rank
+    mean = (total[0] / total[1]).item() if total[1] else float("nan")
+    out = {f"{prefix}_loss": mean}
+    if task == "clm":
+        out[f"{prefix}_perplexity"] = math.exp(min(mean, 50.0))
+    out[f"{prefix}_runtime"] = round(time.perf_counter() - start, 3)
+    return out
+
+
+def whole_state(engine, state: dict, names: dict[str, str]) -> dict:
+    """The model's full state dict on every rank, from the stages' (data-parallel rank 0 of
+    each stage sends its part, under the model's names)."""
+    mine = {names.get(k, k): v.cpu() for k, v in state.items()} if engine.grid.get_data_parallel_rank() == 0 else {}
+    whole: dict = {}
+    for part in engine.comm.all_gather_object(mine):
+        for k, v in part.items():
+            whole.setdefault(k, v)
+    return whole
