@@ -22,6 +22,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..checkpoint.reshard import reshard_rank_state
+from .export import check_save_dir, frozen_names
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
 
@@ -78,25 +79,31 @@ def _aliases(module) -> dict[str, list[str]]:
     return aliases
 
 
-def _load_module(engine, state: dict, strict: bool) -> None:
+def _load_module(engine, state: dict, strict: bool, excluded: set[str] = frozenset()) -> None:
+    """`excluded`: frozen parameters the checkpoint left out on purpose; they keep their values."""
     sharded = _sharded_names(engine)
     missing, unexpected = engine.module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in sharded]
+    missing = [k for k in missing if k not in sharded and k not in excluded]
     if strict and (missing or unexpected):
         raise CheckpointError(f"checkpoint does not match the model: missing keys {missing[:5]}, "
                               f"unexpected keys {unexpected[:5]}; pass load_module_strict=False to ignore")
 
 
-def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True) -> bool:
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True,
+                    exclude_frozen: bool = False) -> bool:
+    check_save_dir(save_dir, "save_checkpoint")
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     sharded = _sharded_names(engine)
+    excluded = sorted(frozen_names(engine.module)) if exclude_frozen else []
     with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
                           save_latest=save_latest) as writer:
         if comm.rank == 0:
             writer.save("model_states.pt", {
-                "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
+                "module": {k: v for k, v in engine.module.state_dict().items()
+                           if k not in sharded and k not in excluded},
+                "excluded_frozen": excluded,
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
                 "skipped_steps": engine.skipped_steps,
@@ -153,7 +160,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
-        _load_module(engine, model_states["module"], strict)
+        _load_module(engine, model_states["module"], strict, set(model_states.get("excluded_frozen", ())))
     name = _optim_file(comm.rank if stage > 0 else 0)
     if saved_world != comm.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))

@@ -94,6 +94,21 @@ class Engine(torch.nn.Module):
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
 
+    def __getattr__(self, name: str):
+        """What the engine lacks, the wrapped model may have: `engine.generate(...)`, custom
+        methods and attributes (as DeepSpeed's engine, and HF/accelerate through it, expect)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__"):
+                raise
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"neither the engine nor its {type(module).__name__} has an attribute "
+                                 f"{name!r}") from None
+
     def train(self, mode: bool = True):
         self.module.train(mode)
         return self
@@ -289,11 +304,28 @@ class Engine(torch.nn.Module):
             return self.strategy.full_state_dict(self.module)
         return self.module.state_dict()
 
+    def empty_partition_cache(self) -> None:
+        """Release the ZeRO-3 parameters kept whole (after evaluation, say); nothing to do at
+        stages 0-2, which keep parameters whole anyway."""
+        gatherer = getattr(self.strategy, "gatherer", None)  # stage 3; a stage-contract member to come
+        if gatherer is not None:
+            gatherer.release_all()
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The whole module weights in one file (export.py); every rank must call."""
+        from .export import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False):
+        """exclude_frozen_parameters: leave parameters that do not train out of the module
+        state (a LoRA run's base model); loading keeps the model's own values for them."""
         from .checkpointing import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
