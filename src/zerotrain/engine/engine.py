@@ -305,11 +305,12 @@ class Engine(torch.nn.Module):
         return self.module.state_dict()
 
     def empty_partition_cache(self) -> None:
-        """Release the ZeRO-3 parameters kept whole (after evaluation, say); nothing to do at
-        stages 0-2, which keep parameters whole anyway."""
+        """Release every ZeRO-3 parameter kept whole, the persistent small ones too (after
+        evaluation, say); the next forward gathers what it needs. Stages 0-2 keep parameters
+        whole anyway: nothing to do."""
         gatherer = getattr(self.strategy, "gatherer", None)  # stage 3; a stage-contract member to come
         if gatherer is not None:
-            gatherer.release_all()
+            gatherer.release_all(force=True)
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:

@@ -177,9 +177,10 @@ def test_checkpoint_without_frozen_parameters_resumes(tmp_path):
 
 
 # ---- stage 3: releasing what stays gathered ------------------------------------------------------
-def test_empty_partition_cache_releases_the_parameters_kept_whole():
-    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=gpt_config(
-        zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0}))
+@pytest.mark.parametrize("persistence", [0, None])  # None: the default keeps all tiny params whole
+def test_empty_partition_cache_releases_the_parameters_kept_whole(persistence):
+    zero = {"stage": 3} if persistence is None else {"stage": 3, "stage3_param_persistence_threshold": persistence}
+    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=gpt_config(zero_optimization=zero))
     train_gpt(engine, 2)
     engine.eval()
     with torch.no_grad():
