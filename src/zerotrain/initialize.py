@@ -134,6 +134,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
     """Build the engine. Returns (engine, optimizer, training_dataloader, lr_scheduler)."""
+    if isinstance(args, torch.nn.Module):
+        raise ConfigError("initialize's first argument is args (the argparse namespace); pass the model as "
+                          "model=...")
     if model is None:
         raise ConfigError("initialize needs model=<torch.nn.Module>")
     if config is None:

@@ -36,6 +36,8 @@ def test_args_deepspeed_config_and_the_deprecated_deepscale_config(tmp_path, zer
                              model=mlp())
     with pytest.raises(ConfigError, match="config twice"):
         zerotrain.initialize(args=argparse.Namespace(deepspeed_config=str(path)), model=mlp(), config=config())
+    with pytest.raises(ConfigError, match="first argument is args .* pass the model as model="):
+        zerotrain.initialize(mlp(), config=config())
 
 
 def test_client_optimizer_groups_win_over_model_parameters_and_empty_groups_go(zerotrain_log):
