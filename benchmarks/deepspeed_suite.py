@@ -7,9 +7,9 @@ DEEPSPEED_SOURCE is a DeepSpeed checkout (a folder with tests/unit) or a git dir
 (bare or not: `git archive REF tests` is read from it, REF default HEAD), e.g. what the
 `fetch` tool gives for github:deepspeedai/DeepSpeed, or `git clone --bare` makes.
 
-At run time the test files below (SUITE) and the helpers beside them (tests/conftest.py,
+At run time the test files below (SUITE) and what they need (tests/conftest.py,
 tests/pytest.ini, the top-level files of tests/unit, the non-test files of each chosen
-folder) are copied into a temporary folder; nothing of DeepSpeed's enters this repository.
+folder, the data files of tests/) are copied into a temporary folder; nothing of DeepSpeed's enters this repository.
 They import `deepspeed`, which here is benchmarks/deepspeed_shim/deepspeed: zerotrain's
 objects under DeepSpeed's names, with no behaviour of its own (see its docstring). Each test
 file runs in its own pytest process (DeepSpeed's harness exits the session when a test
@@ -134,13 +134,18 @@ def _select(all_tests: Path, work: Path) -> list[str]:
     for f in unit_src.iterdir():
         if f.is_file():
             shutil.copy2(f, unit_dst / f.name)
-    chosen = []
+    for f in all_tests.rglob("*"):  # data the tests read (configs, vocabularies: ~1.6 MB)
+        if f.is_file() and f.suffix != ".py":
+            (work / "tests" / f.relative_to(all_tests)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, work / "tests" / f.relative_to(all_tests))
+    chosen, helped = [], set()
     for pattern in SUITE:
         for f in sorted(unit_src.glob(pattern)):
             rel = f.relative_to(unit_src)
             dst = unit_dst / rel
-            if not dst.parent.exists():
-                dst.parent.mkdir(parents=True)
+            if dst.parent not in helped:
+                helped.add(dst.parent)
+                dst.parent.mkdir(parents=True, exist_ok=True)
                 for helper in f.parent.iterdir():
                     if helper.is_file() and not helper.name.startswith("test_"):
                         shutil.copy2(helper, dst.parent / helper.name)

@@ -70,6 +70,8 @@ REFS = {
     # checkpoints
     "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint":
         f"{_Z}.checkpoint.consolidate:consolidate_checkpoint",
+    "deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint":
+        f"{_Z}.checkpoint.consolidate:load_state_dict_from_zero_checkpoint",
     # the test harness's environment (see _harness.py)
     "deepspeed.accelerator.get_accelerator": "deepspeed._harness:get_accelerator",
     "deepspeed.accelerator.is_current_accelerator_supported": "deepspeed._harness:accelerator_supported",

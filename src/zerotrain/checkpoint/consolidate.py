@@ -154,6 +154,20 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     return out
 
 
+def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, ckpt_dir, tag: str | None = None) -> torch.nn.Module:
+    """DeepSpeed's zero_to_fp32 helper: put the checkpoint's fp32 weights into `model` (cast to
+    its dtype; missing and unexpected keys are errors) and return it. For a model that is not
+    (or no longer) sharded: at stage 3, gather its parameters first."""
+    state = consolidate_checkpoint(ckpt_dir, tag)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    excluded = set(_model_states(_folder(ckpt_dir, tag))[0].get("excluded_frozen", ()))  # left out on purpose
+    missing = [k for k in missing if k not in excluded]
+    if missing or unexpected:
+        raise CheckpointError(f"{_folder(ckpt_dir, tag)} does not match the model: missing keys {missing[:5]}, "
+                              f"unexpected keys {unexpected[:5]}")
+    return model
+
+
 def output_file(out) -> Path:
     """OUT is a .safetensors file, or a folder that gets model.safetensors."""
     out = Path(out)

@@ -178,6 +178,20 @@ def test_checkpoint_without_frozen_parameters_resumes(tmp_path):
     assert torch.equal(other[2].weight, engine.module[2].weight)
 
 
+def test_load_state_dict_from_zero_checkpoint_puts_the_weights_into_a_model(tmp_path):
+    from zerotrain.checkpoint.consolidate import load_state_dict_from_zero_checkpoint
+    from zerotrain.errors import CheckpointError
+
+    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=gpt_config(zero_optimization={"stage": 2}))
+    train_gpt(engine, 2)
+    engine.save_checkpoint(tmp_path)
+    fresh = tiny_gpt(seed=5)
+    assert load_state_dict_from_zero_checkpoint(fresh, tmp_path) is fresh
+    assert_same_params(fresh, engine.module, atol=0)
+    with pytest.raises(CheckpointError, match="does not match the model"):
+        load_state_dict_from_zero_checkpoint(mlp(), tmp_path)
+
+
 # ---- stage 3: releasing what stays gathered ------------------------------------------------------
 @pytest.mark.parametrize("persistence", [0, None])  # None: the default keeps all tiny params whole
 def test_empty_partition_cache_releases_the_parameters_kept_whole(persistence):
