@@ -92,6 +92,10 @@ NOT_CLAIMED = {
     "deepspeed.runtime.zenflow": "ZenFlow",
     "deepspeed.runtime.torch_autocast": "torch_autocast config block",
     "deepspeed.runtime.checkpoint_engine": "pluggable checkpoint engines",
+    "deepspeed.utils.groups": "expert and sequence parallel groups",
+    **{f"deepspeed.utils.safe_{verb}_{scope}_{what}": "the tensor-fragment API (safe_get/set_full/local_*)"
+       for verb in ("get", "set", "update") for scope in ("full", "local")
+       for what in ("fp32_param", "grad", "optimizer_state", "grad_vectorized")},
 }
 
 # Failures that come from a deliberate difference: (regex on the test id, regex on the failure's

@@ -64,12 +64,16 @@ REFS = {
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": "deepspeed._harness:OffloadDeviceEnum",
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadParamConfig": f"{_Z}.config:OffloadParamConfig",
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig": f"{_Z}.config:OffloadOptimizerConfig",
+    "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig": f"{_Z}.config:OffloadParamConfig",
+    "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig": f"{_Z}.config:OffloadOptimizerConfig",
     "deepspeed.runtime.precision_config.DeepSpeedFP16Config": f"{_Z}.config:FP16Config",
     "deepspeed.runtime.precision_config.DeepSpeedBF16Config": f"{_Z}.config:BF16Config",
     "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_Z}.config.base:Block",
     # checkpoints
     "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint":
         f"{_Z}.checkpoint.consolidate:consolidate_checkpoint",
+    "deepspeed.utils.zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict":
+        f"{_Z}.checkpoint.consolidate:convert_zero_checkpoint_to_fp32_state_dict",
     "deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint":
         f"{_Z}.checkpoint.consolidate:load_state_dict_from_zero_checkpoint",
     # the test harness's environment (see _harness.py)

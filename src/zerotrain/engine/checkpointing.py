@@ -96,14 +96,16 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     comm = engine.comm
     shards_optimizer = getattr(engine.strategy, "stage", 0) > 0
     sharded = _sharded_names(engine)
-    excluded = sorted(frozen_names(engine.module)) if exclude_frozen else []
+    frozen = sorted(frozen_names(engine.module))
+    excluded = set(frozen) if exclude_frozen else set()
     with CheckpointWriter(save_dir, tag, is_main=comm.rank == 0, barrier=comm.barrier,
                           save_latest=save_latest) as writer:
         if comm.rank == 0:
             writer.save("model_states.pt", {
                 "module": {k: v for k, v in engine.module.state_dict().items()
                            if k not in sharded and k not in excluded},
-                "excluded_frozen": excluded,
+                "frozen": frozen,  # names of the parameters that do not train
+                "frozen_excluded": exclude_frozen,  # ... and left out of "module"
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
                 "skipped_steps": engine.skipped_steps,
@@ -160,7 +162,8 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
-        _load_module(engine, model_states["module"], strict, set(model_states.get("excluded_frozen", ())))
+        excluded = set(model_states.get("frozen", ())) if model_states.get("frozen_excluded") else set()
+        _load_module(engine, model_states["module"], strict, excluded)
     name = _optim_file(comm.rank if stage > 0 else 0)
     if saved_world != comm.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))

@@ -192,6 +192,27 @@ def test_load_state_dict_from_zero_checkpoint_puts_the_weights_into_a_model(tmp_
         load_state_dict_from_zero_checkpoint(mlp(), tmp_path)
 
 
+@pytest.mark.parametrize("safe", [False, True])
+def test_convert_zero_checkpoint_to_fp32_state_dict_writes_a_model_file(tmp_path, safe):
+    from zerotrain.checkpoint.consolidate import convert_zero_checkpoint_to_fp32_state_dict
+
+    model = tiny_gpt()
+    model.blocks[0].requires_grad_(False)
+    engine, *_ = zerotrain.initialize(model=model, config=gpt_config(bf16={"enabled": True},
+                                                                     zero_optimization={"stage": 2}))
+    train_gpt(engine, 2)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    path = convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "ckpt", tmp_path / "out", safe_serialization=safe,
+                                                      exclude_frozen_parameters=True)
+    assert path.name == ("model.safetensors" if safe else "pytorch_model.bin")
+    state = load_safetensors(path) if safe else torch.load(path, weights_only=True)
+    want = {k: v for k, v in engine.module_state_dict().items() if not k.startswith("blocks.0.")}
+    assert state.keys() == want.keys()
+    assert all(state[k].dtype == torch.float32 for k in state)
+    if not safe:  # the tied embedding is one tensor under both names, as DeepSpeed writes it
+        assert state["lm_head.weight"] is state["wte.weight"]
+
+
 # ---- stage 3: releasing what stays gathered ------------------------------------------------------
 @pytest.mark.parametrize("persistence", [0, None])  # None: the default keeps all tiny params whole
 def test_empty_partition_cache_releases_the_parameters_kept_whole(persistence):
