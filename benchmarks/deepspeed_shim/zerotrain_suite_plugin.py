@@ -53,6 +53,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     record = _seen.setdefault(item.nodeid, {"event": "result", "nodeid": item.nodeid, "outcome": "passed"})
+    record["seconds"] = round(record.get("seconds", 0.0) + report.duration, 2)
     if report.skipped and record["outcome"] == "passed":
         record["outcome"] = "skipped"
         longrepr = report.longrepr
