@@ -22,9 +22,9 @@ import torch
 
 from ..errors import CheckpointError
 from ..checkpoint.reshard import reshard_rank_state
-from .export import check_save_dir, frozen_names
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
+from .export import check_save_dir, frozen_names
 
 log = logging.getLogger("zerotrain")
 
