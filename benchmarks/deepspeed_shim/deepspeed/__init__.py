@@ -144,19 +144,28 @@ class _AbsentMeta(type):
     def __iter__(cls):
         raise NotInZerotrain(cls._absent)
 
+    def __index__(cls):  # a DeepSpeed constant used as a size
+        raise NotInZerotrain(cls._absent)
+
+    __int__ = __float__ = __index__
+
     def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
         return absent(f"{cls._absent}.{name}")
 
 
+def _reduce(cls):
+    return absent, (cls._absent,)
+
+
 def absent(full_name: str) -> type:
-    """A placeholder class for a DeepSpeed name; subclasses keep the name they stand for."""
-    return _AbsentMeta(full_name.rsplit(".", 1)[-1], (), {"_absent": full_name, "__module__": __name__})
-
-
-# placeholders travel to the ranks DeepSpeed's harness spawns (as pytest parameters)
-copyreg.pickle(_AbsentMeta, lambda cls: (absent, (cls._absent,)))
+    """A placeholder class for a DeepSpeed name; subclasses keep the name they stand for. Its
+    type is named after it too, so "must be int, not <type>" errors (a constant used as a
+    size) still name what was missing."""
+    meta = type(full_name, (_AbsentMeta,), {})
+    copyreg.pickle(meta, _reduce)  # placeholders travel to the ranks DeepSpeed's harness spawns
+    return meta(full_name.rsplit(".", 1)[-1], (), {"_absent": full_name, "__module__": __name__})
 
 
 def _resolve(full_name: str):
