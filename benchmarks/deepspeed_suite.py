@@ -25,7 +25,10 @@ Each test counts as one of:
                   2. it used a DeepSpeed name under NOT_CLAIMED (a feature zerotrain does
                      not claim), which the shim's placeholder reported as NotInZerotrain;
                   3. zerotrain refused a config key of zerotrain.config.UNSUPPORTED_KEYS by
-                     name (a DeepSpeed feature zerotrain does not implement).
+                     name (a DeepSpeed feature zerotrain does not implement);
+                  4. DeepSpeed's harness could not set the test up: its DistributedFixture
+                     registers through a pytest internal that pytest 8.4 removed, so a test
+                     taking one fails in setup with FixtureLookupError before any code runs.
 A test that hangs, or a file that does not collect, counts as failed.
 """
 
@@ -304,6 +307,8 @@ def classify(record: dict, unsupported: frozenset[str]) -> tuple[str, str]:
         return "failed", ("no result in time: a rank hung, or failed a pytest check (pytest.raises that "
                           "did not raise), which DeepSpeed's harness waits for forever")
     chain = record.get("chain", [])
+    if record.get("phase") == "setup" and chain and chain[0]["type"] == "FixtureLookupError":
+        return "n/a", "DeepSpeed's harness: its DistributedFixture does not register with this pytest"
     name, why = _absent_reason(chain)
     if why:
         return "n/a", f"not claimed: {why} ({name})"
@@ -415,14 +420,19 @@ def main(argv=None) -> int:
     ap.add_argument("--zerotrain-src", type=Path, default=ROOT / "src",
                     help="the zerotrain source to test (default this checkout's src/)")
     ap.add_argument("--json", type=Path, help="write every test's record, category and reason here")
-    ap.add_argument("--reclassify", type=Path, metavar="JSON",
-                    help="run nothing: classify the records of an earlier --json with today's rules")
+    ap.add_argument("--reclassify", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: classify the records of earlier --json runs with today's rules "
+                         "(a file in a later JSON replaces its results from the earlier ones)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs under logs/)")
     args = ap.parse_args(argv)
     unsupported = _unsupported_keys(args.zerotrain_src)
     if args.reclassify:
-        old = json.loads(args.reclassify.read_text())
-        everything = [c for e in old for c in _classified(e["file"], [e["record"]], unsupported)]
+        runs = {}
+        for path in args.reclassify:
+            entries = json.loads(path.read_text())
+            runs.update({f: [e for e in entries if e["file"] == f] for f in dict.fromkeys(e["file"] for e in entries)})
+        everything = [c for entries in runs.values() for e in entries
+                      for c in _classified(e["file"], [e["record"]], unsupported)]
     elif args.source is None:
         ap.error("give the DeepSpeed source (or --reclassify JSON)")
     else:
