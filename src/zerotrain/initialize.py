@@ -18,7 +18,7 @@ from .features import build_features
 from .optim import adapt_client_optimizer, build_optimizer
 from .parallel.layout import Layout, plain_layout
 from .parallel.mpu import mpu_layout
-from .precision import build_loss_scaler
+from .precision import build_loss_scaler, expose_loss_scale
 from .schedules import build_scheduler
 from .zero import build_strategy, is_partitioned
 from .zero.strategy import detach_previous_owners
@@ -37,14 +37,48 @@ def _setup_logging(rank: int) -> None:
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
+def _config_from_args(args, config):
+    """DeepSpeed scripts pass the config path in `args.deepspeed_config` (argparse's
+    --deepspeed_config), or in the deprecated `args.deepscale_config`."""
+    if args is None:
+        return config
+    given = getattr(args, "deepspeed_config", None)
+    old = getattr(args, "deepscale_config", None)
+    if old is not None:
+        if given is not None:
+            raise ConfigError("args has both deepscale_config and deepspeed_config; keep deepspeed_config "
+                              "(deepscale_config is its deprecated name)")
+        log.warning("args.deepscale_config is deprecated; name it args.deepspeed_config (--deepspeed_config)")
+        given = old
+    given = given if given is not None else getattr(args, "zerotrain_config", None)
+    if given is not None and config is not None:
+        raise ConfigError("initialize was given a config twice, in args.deepspeed_config and in config=; "
+                          "pass only one")
+    return config if given is None else given
+
+
+def _client_groups(client: torch.optim.Optimizer, model_parameters) -> list[dict]:
+    """A client optimizer is used with its own param groups, whatever model_parameters says
+    (as in DeepSpeed). Groups with no trainable parameter are dropped, from the client too, so
+    its groups and the engine's stay one to one."""
+    if model_parameters is not None:
+        given = set()
+        for item in model_parameters:
+            params = item["params"] if isinstance(item, dict) else item[1] if isinstance(item, tuple) else item
+            given |= {id(p) for p in ([params] if torch.is_tensor(params) else params)}
+        if given != {id(p) for g in client.param_groups for p in g["params"]}:
+            log.warning("model_parameters is ignored: the client optimizer trains its own param groups")
+    client.param_groups[:] = [g for g in client.param_groups if any(p.requires_grad for p in g["params"])]
+    return [dict(g) for g in client.param_groups]
+
+
 def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -> tuple[list[dict], dict]:
     """Normalise what the user passed into torch-style groups of trainable model parameters."""
     registration = {id(p): i for i, p in enumerate(module.parameters())}
-    if model_parameters is None:
-        if isinstance(client_optimizer, torch.optim.Optimizer):
-            groups = [dict(g) for g in client_optimizer.param_groups]
-        else:
-            groups = [{"params": list(module.parameters())}]
+    if isinstance(client_optimizer, torch.optim.Optimizer):
+        groups = _client_groups(client_optimizer, model_parameters)
+    elif model_parameters is None:
+        groups = [{"params": list(module.parameters())}]
     else:
         items = list(model_parameters)
         if items and isinstance(items[0], dict):
@@ -119,12 +153,14 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
     """Build the engine. Returns (engine, optimizer, training_dataloader, lr_scheduler)."""
+    if isinstance(args, torch.nn.Module):
+        raise ConfigError("initialize's first argument is args (the argparse namespace); pass the model as "
+                          "model=...")
     if model is None:
         raise ConfigError("initialize needs model=<torch.nn.Module>")
     if config is None:
         config = config_params
-    if config is None and args is not None:
-        config = getattr(args, "deepspeed_config", None) or getattr(args, "zerotrain_config", None)
+    config = _config_from_args(args, config)
     if config is None:
         raise ConfigError("initialize needs config=<dict or path to a DeepSpeed JSON file>")
 
@@ -177,6 +213,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     fp16 = cfg.fp16
     scaler = build_loss_scaler(fp16.enabled, fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window,
                                fp16.hysteresis, fp16.consecutive_hysteresis, fp16.min_loss_scale)
+    if torch_optimizer is not None and scaler is not None:  # optimizer.cur_scale etc., as DeepSpeed's fp16
+        expose_loss_scale(torch_optimizer, scaler)
     loader = None
     if training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, data.rank,

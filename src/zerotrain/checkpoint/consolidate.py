@@ -165,6 +165,43 @@ def _consolidate(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, ckpt_dir, tag: str | None = None) -> torch.nn.Module:
+    """DeepSpeed's zero_to_fp32 helper: put the checkpoint's fp32 weights into `model` (cast to
+    its dtype; missing and unexpected keys are errors) and return it. For a model that is not
+    (or no longer) sharded: at stage 3, gather its parameters first."""
+    state = consolidate_checkpoint(ckpt_dir, tag)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    states = _model_states(_folder(ckpt_dir, tag))[0]
+    if states.get("frozen_excluded"):  # frozen weights left out on purpose keep the model's values
+        missing = [k for k in missing if k not in set(states.get("frozen", ()))]
+    if missing or unexpected:
+        raise CheckpointError(f"{_folder(ckpt_dir, tag)} does not match the model: missing keys {missing[:5]}, "
+                              f"unexpected keys {unexpected[:5]}")
+    return model
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, output_dir, tag: str | None = None,
+                                               exclude_frozen_parameters: bool = False,
+                                               safe_serialization: bool = False) -> Path:
+    """DeepSpeed's zero_to_fp32 entry point: the full fp32 weights into OUTPUT_DIR as
+    pytorch_model.bin (tied weights saved once) or, with safe_serialization, model.safetensors."""
+    tensors = consolidate_checkpoint(ckpt_dir, tag)
+    if exclude_frozen_parameters:
+        frozen = set(_model_states(_folder(ckpt_dir, tag))[0].get("frozen", ()))  # every alias of each
+        tensors = {k: v for k, v in tensors.items() if k not in frozen}
+    out = Path(output_dir)
+    if safe_serialization:
+        return save_safetensors(tensors, out / "model.safetensors", overwrite=True)
+    out.mkdir(parents=True, exist_ok=True)
+    target, tmp = out / "pytorch_model.bin", out / f".pytorch_model.bin.{os.getpid()}.tmp"
+    try:
+        torch.save(tensors, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
 def output_file(out) -> Path:
     """OUT is a .safetensors file, or a folder that gets model.safetensors."""
     out = Path(out)

@@ -33,6 +33,7 @@ from ..errors import CheckpointError
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
+from .export import check_save_dir, frozen_names
 
 log = logging.getLogger("zerotrain")
 
@@ -87,10 +88,11 @@ def _aliases(module) -> dict[str, list[str]]:
     return aliases
 
 
-def _load_module(engine, state: dict, strict: bool) -> None:
+def _load_module(engine, state: dict, strict: bool, excluded: set[str] = frozenset()) -> None:
+    """`excluded`: frozen parameters the checkpoint left out on purpose; they keep their values."""
     sharded = _sharded_names(engine)
     missing, unexpected = engine.module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in sharded]
+    missing = [k for k in missing if k not in sharded and k not in excluded]
     if strict and (missing or unexpected):
         raise CheckpointError(f"checkpoint does not match the model: missing keys {missing[:5]}, "
                               f"unexpected keys {unexpected[:5]}; pass load_module_strict=False to ignore")
@@ -114,17 +116,24 @@ def _writes_model_states(engine) -> bool:
     return engine.strategy.comm.rank == 0
 
 
-def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None) -> bool:
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None,
+                    exclude_frozen: bool = False) -> bool:
+    check_save_dir(save_dir, "save_checkpoint")
     tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
+    frozen = sorted(frozen_names(engine.module))
+    excluded = set(frozen) if exclude_frozen else set()
     states = _writes_model_states(engine)
     with CheckpointWriter(save_dir, tag, is_main=writes_shared_files(engine), barrier=comm.barrier,
                           save_latest=save_latest) as writer:
         if states:
             writer.save(f"{prefix}model_states.pt", {
-                "module": {k: v for k, v in engine.module.state_dict().items() if k not in sharded},
+                "module": {k: v for k, v in engine.module.state_dict().items()
+                           if k not in sharded and k not in excluded},
+                "frozen": frozen,  # names of the parameters that do not train
+                "frozen_excluded": exclude_frozen,  # ... and left out of "module"
                 "global_steps": engine.global_steps,
                 "global_samples": engine.global_samples,
                 "skipped_steps": engine.skipped_steps,
@@ -216,7 +225,8 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
                                   "load it at that stage, or write full weights with `zerotrain consolidate` "
                                   "and load those into the module")
-        _load_module(engine, model_states["module"], strict)
+        excluded = set(model_states.get("frozen", ())) if model_states.get("frozen_excluded") else set()
+        _load_module(engine, model_states["module"], strict, excluded)
     name = _optim_file(shard.rank if engine.strategy.shards_optimizer else 0, prefix)
     if saved_world != shard.world_size:  # every old rank's file, cut again for this world
         layout = engine.strategy.layout(_param_names(engine.module))

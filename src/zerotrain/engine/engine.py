@@ -97,6 +97,21 @@ class Engine(torch.nn.Module):
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
 
+    def __getattr__(self, name: str):
+        """What the engine lacks, the wrapped model may have: `engine.generate(...)`, custom
+        methods and attributes (as DeepSpeed's engine, and HF/accelerate through it, expect)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__"):
+                raise
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"neither the engine nor its {type(module).__name__} has an attribute "
+                                 f"{name!r}") from None
+
     def train(self, mode: bool = True):
         self.module.train(mode)
         return self
@@ -287,18 +302,35 @@ class Engine(torch.nn.Module):
         raise TypeError("engine.train_batch runs a pipeline: build the model as zerotrain.pipe.PipelineModule("
                         "layers, num_stages=...); for this model use engine(batch), engine.backward(loss), engine.step()")
 
+    def empty_partition_cache(self) -> None:
+        """Release every ZeRO-3 parameter kept whole, the persistent small ones too (after
+        evaluation, say); the next forward gathers what it needs. Stages 0-2 keep parameters
+        whole anyway: nothing to do."""
+        self.strategy.release_gathered()
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The whole module weights in one file (export.py); every rank must call."""
+        from .export import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
     def checkpoint_extras(self) -> dict:
         """What a subclass adds to its model_states file (a pipeline: its stage layout)."""
         return {}
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True, extra_files=None):
-        """extra_files(folder): called on every rank once the engine's files are written, with
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False, extra_files=None):
+        """exclude_frozen_parameters: leave parameters that do not train out of the module
+        state (a LoRA run's base model); loading keeps the model's own values for them.
+        extra_files(folder): called on every rank once the engine's files are written, with
         the checkpoint's folder before it is published; what it writes there is published with
         the checkpoint and covered by its manifest (a kill before then leaves no checkpoint)."""
         from .checkpointing import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest, extra_files)
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest, extra_files,
+                               exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

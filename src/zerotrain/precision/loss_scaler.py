@@ -75,6 +75,10 @@ class DynamicLossScaler:
         return self.cur_scale
 
     @property
+    def dynamic_loss_scale(self) -> bool:  # DeepSpeed's name
+        return True
+
+    @property
     def at_floor(self) -> bool:
         return self.cur_scale <= self.min_scale
 
@@ -128,6 +132,8 @@ class StaticLossScaler:
     """Fixed scale from fp16.loss_scale > 0; overflowing steps are still skipped by the engine."""
 
     dynamic = False
+    dynamic_loss_scale = False  # DeepSpeed's name
+    scale_window = None  # a static scale never grows
 
     def __init__(self, scale: float) -> None:
         self.cur_scale = _number(scale, "fp16.loss_scale", minimum=0.0, inclusive=False)

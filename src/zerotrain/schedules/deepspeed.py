@@ -180,6 +180,11 @@ class OneCycle(_DeepSpeedSchedule):
     def _shape(self) -> tuple:
         return (self.first, self.second, self.first_stairs, self.second_stairs)
 
+    @property
+    def step_ratio(self) -> float:
+        """DeepSpeed's name for the rising half's share of the cycle (1.0 with no second half)."""
+        return self.first / (self.first + self.second)
+
     def get_lr(self) -> list[float]:
         it = self.last_batch_iteration
         return [

@@ -154,6 +154,9 @@ class ShardedParameters(ZeroStrategy):
         with GatheredParameters(self.where_params()):
             return {k: v.clone() for k, v in module.state_dict().items()}
 
+    def release_gathered(self) -> None:
+        self.gatherer.release_all(force=True)
+
     # ---- checkpoints ---------------------------------------------------------------------
     def sharded_param_ids(self) -> set[int]:
         return set(self.where)

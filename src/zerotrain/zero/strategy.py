@@ -202,6 +202,10 @@ class ZeroStrategy(ABC):
         """The module state dict with every parameter whole (a collective where sharded)."""
         return module.state_dict()
 
+    def release_gathered(self) -> None:
+        """Release every parameter gathered whole, the persistent ones too (stage 3; the next
+        forward gathers what it needs). Stages 0-2 keep parameters whole: nothing to do."""
+
     def sharded_param_ids(self) -> set[int]:
         """Parameters that exist only as per-rank shards (saved with the strategy state)."""
         return set()

@@ -523,6 +523,15 @@ def one_cycle_trace(first, second=None, c1=0, c2=None, **kw):
     return lrs, moms
 
 
+def test_one_cycle_step_ratio_and_a_cycle_without_second_half():
+    opt = make_opt(lrs=(0.1,))
+    assert OneCycle(opt, 0.01, 0.1, cycle_first_step_size=30, cycle_second_step_size=10).step_ratio == 0.75
+    lrs, _ = one_cycle_trace(100, second=0)
+    assert OneCycle(make_opt(lrs=(0.1,)), 0.01, 0.1, cycle_first_step_size=100,
+                    cycle_second_step_size=0).step_ratio == 1.0
+    assert lrs[0] == 0.01 and all(a < b for a, b in zip(lrs, lrs[1:]))
+
+
 def test_one_cycle_peak_rise_fall_decay_and_mom_mirror():
     F = 10
     lrs, moms = one_cycle_trace(F, decay_lr_rate=0.5, decay_step_size=2, decay_mom_rate=0.1)

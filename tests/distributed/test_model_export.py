@@ -1,0 +1,39 @@
+"""engine.save_16bit_model on 2 real ranks: ZeRO-3 gathers the sharded weights, rank 0 writes
+one whole file, equal to what one process trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file as load_safetensors
+
+import zerotrain
+from scenarios import base_config, global_batch, rank_and_world, tiny_gpt
+
+
+def train_and_export(stage: int, folder: str, name: str) -> list[str]:
+    rank, world = rank_and_world()
+    micro = 4 // world
+    cfg = base_config(4, micro, zero_optimization={"stage": stage, "stage3_param_persistence_threshold": 0})
+    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=cfg)
+    for step in range(2):
+        mine = global_batch(step, 4)[rank * micro : (rank + 1) * micro]
+        engine.backward(engine(mine, labels=mine))
+        engine.step()
+    engine.save_16bit_model(folder, name)
+    sharded = [n for n, p in engine.module.named_parameters() if p.numel() == 0]
+    engine.destroy()
+    return sharded
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.safetensors"])
+def test_stage3_writes_whole_weights_equal_to_one_process(world2, tmp_path, name):
+    sharded = world2.run(train_and_export, 3, str(tmp_path / "z3"), name)
+    assert all(sharded), "stage 3 should hold the parameters as shards between steps"
+    train_and_export(0, str(tmp_path / "one"), name)
+    read = load_safetensors if name.endswith(".safetensors") else torch.load
+    got, want = read(tmp_path / "z3" / name), read(tmp_path / "one" / name)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5, msg=k)

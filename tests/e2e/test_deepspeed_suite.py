@@ -1,0 +1,79 @@
+"""benchmarks/deepspeed_suite.py runs DeepSpeed's own tests against zerotrain (outside make test,
+it takes an hour). Here it runs on a stand-in checkout whose one test file (our own) uses the
+shim the way DeepSpeed's tests do, so the copying, the name mapping and every rule of the
+classification are exercised in a few seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "deepspeed_suite.py"
+
+_TESTS = '''
+import pytest
+import torch
+
+import deepspeed
+import zerotrain
+from deepspeed.moe.layer import MoE
+from deepspeed.runtime.lr_schedules import WARMUP_LR, WarmupLR
+from deepspeed.utils.made_up_helpers import made_up_helper
+
+
+def test_names_are_zerotrains():
+    assert deepspeed.initialize is zerotrain.initialize
+    assert WarmupLR is zerotrain.schedules.WarmupLR and WARMUP_LR == "WarmupLR"
+    assert deepspeed.zero.Init is zerotrain.zero.Init
+    assert deepspeed.accelerator.get_accelerator().device_name() == "cpu"
+
+
+def test_a_feature_zerotrain_does_not_claim():
+    MoE(hidden_size=4, expert=torch.nn.Linear(4, 4))
+
+
+def test_a_name_zerotrain_lacks():
+    made_up_helper()
+
+
+def test_a_plain_failure():
+    assert 1 == 2
+
+
+def test_a_skip():
+    pytest.skip("needs CUDA")
+
+
+def test_a_key_zerotrain_refuses():
+    zerotrain.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 1, "amp": {"enabled": True}})
+'''
+
+
+def test_suite_copies_maps_and_classifies(tmp_path):
+    source = tmp_path / "DeepSpeed"
+    (source / "tests" / "unit" / "runtime").mkdir(parents=True)
+    (source / "tests" / "unit" / "__init__.py").write_text("")
+    (source / "tests" / "unit" / "runtime" / "test_pld.py").write_text(_TESTS)
+    (source / "tests" / "unit" / "runtime" / "test_not_in_the_suite.py").write_text("def test_x():\n    pass\n")
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(_SCRIPT), str(source), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # unlisted failures
+    results = {r["test"].split("::")[-1]: (r["category"], r["reason"]) for r in json.loads(out.read_text())}
+    assert set(results) == {"test_names_are_zerotrains", "test_a_feature_zerotrain_does_not_claim",
+                            "test_a_name_zerotrain_lacks", "test_a_plain_failure", "test_a_skip",
+                            "test_a_key_zerotrain_refuses"}
+    assert results["test_names_are_zerotrains"][0] == "passed"
+    assert results["test_a_feature_zerotrain_does_not_claim"] == ("n/a", "not claimed: mixture of experts "
+                                                                  "(deepspeed.moe.layer.MoE)")
+    assert results["test_a_name_zerotrain_lacks"] == ("failed", "zerotrain lacks "
+                                                      "deepspeed.utils.made_up_helpers.made_up_helper")
+    assert results["test_a_plain_failure"][0] == "failed" and "assert 1 == 2" in results["test_a_plain_failure"][1]
+    assert results["test_a_skip"] == ("n/a", "skipped by the test: Skipped: needs CUDA")
+    assert results["test_a_key_zerotrain_refuses"] == ("n/a", "not claimed: zerotrain refuses 'amp' by name")
+    assert "runtime/test_pld.py" in proc.stdout and "passed    1  failed    2" in proc.stdout
+    again = subprocess.run([sys.executable, str(_SCRIPT), "--reclassify", str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1 and "passed    1  failed    2 (listed   0)  n/a    3" in again.stdout
