@@ -15,6 +15,7 @@ COMMANDS = {
     "train": ("zerotrain.commands.train", "train a causal LM, masked LM or classifier with HF TrainingArguments options"),
     "plot": ("zerotrain.commands.plot", "draw a run's loss, eval loss, LR, seqlen and theta to a PNG"),
     "merge-lora": ("zerotrain.commands.merge_lora", "fold a LoRA adapter into its base model's weights"),
+    "config": ("zerotrain.commands.config", "each key of a DeepSpeed config: the value in force and where it came from"),
     "estimate": ("zerotrain.commands.estimate", "model-state memory per rank for each ZeRO stage and offload choice"),
     "consolidate": ("zerotrain.commands.consolidate", "write full fp32 weights (safetensors) from a checkpoint of any stage"),
 }

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from .config import load_config
+from .config.report import notice as config_notice
 from .data import build_dataloader
 from .comm import Comm, init_parallel
 from .engine.engine import Engine
@@ -89,13 +90,6 @@ def _check_same_config(comm: Comm, raw: dict) -> None:
                       f"{_first_difference(configs[0], configs[odd])}")
 
 
-def _overlap_comm(cfg) -> bool:
-    """Overlap reduction with backward unless the user turned it off explicitly (DeepSpeed's
-    default off for stages 0-2 only costs time)."""
-    raw = cfg.raw.get("zero_optimization")
-    return cfg.zero_optimization.overlap_comm if isinstance(raw, dict) and "overlap_comm" in raw else True
-
-
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -114,6 +108,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     comm = Comm(state)
     cfg = load_config(config, world_size=state.world_size)
     _check_same_config(comm, cfg.raw)
+    if state.rank == 0 and (line := config_notice(cfg)):
+        log.info(line)
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
 
     model.to(state.device)
@@ -124,15 +120,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         if tensor.numel():  # zero.Init already gave every rank rank 0's chunks
             comm.broadcast(tensor.data)
     groups, registration = _param_groups(model, model_parameters, optimizer)
-    zero = cfg.zero_optimization
-    raw_zero = cfg.raw.get("zero_optimization")
-    explicit_bucket = isinstance(raw_zero, dict) and "reduce_bucket_size" in raw_zero
-    strategy = build_strategy(zero, model, groups, registration, comm, compute_dtype, state.device,
-                              bucket_numel=int(zero.reduce_bucket_size) if explicit_bucket else None,
-                              prescale_gradients=cfg.prescale_gradients,
-                              gradient_predivide_factor=cfg.gradient_predivide_factor,
-                              overlap_comm=_overlap_comm(cfg),
-                              explicit=set(raw_zero) if isinstance(raw_zero, dict) else set())
+    strategy = build_strategy(cfg.zero_optimization, model, groups, registration, comm, compute_dtype,
+                              state.device, prescale_gradients=cfg.prescale_gradients,
+                              gradient_predivide_factor=cfg.gradient_predivide_factor)
 
     if optimizer is not None:
         torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))
@@ -158,7 +148,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     loader = None
     if training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, state.rank,
-                                  state.world_size, collate_fn=collate_fn)
+                                  state.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
     engine = Engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
                     features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:

@@ -1,33 +1,43 @@
-"""DeepSpeed-compatible JSON config: `load_config` returns one validated, typed tree."""
+"""DeepSpeed-compatible JSON config: `load_config` returns one validated, typed tree whose
+values are the ones the engine uses; `read_config` is the one reader, `fill_auto` the one
+"auto" filler; `report` says where each value came from."""
 
-from .loader import UNSUPPORTED_KEYS, load_config, resolve_batch_sizes
-from .schema import (
-    BF16Config,
-    CurriculumConfig,
+from .auto import TRAINER_FILLS, autos_left, fill_auto
+from .base import ACTS, EFFECTS, NO_EFFECT, REFUSED
+from .data_efficiency import (
     CurriculumMetricConfig,
     DataCurriculumConfig,
     DataEfficiencyConfig,
     DataRoutingConfig,
     DataSamplingConfig,
     DynamicBatchingConfig,
-    FP16Config,
     LayerTokenLRConfig,
-    OffloadOptimizerConfig,
-    OffloadParamConfig,
-    OptimizerConfig,
-    PLDConfig,
     RandomLTDConfig,
     RandomLTDScheduleConfig,
     RandomLTDStepConfig,
     ScheduleConfig,
+)
+from .extras import DeepSpeedExtras
+from .loader import load_config, resolve_batch_sizes
+from .reader import read_config
+from .schema import (
+    BF16Config,
+    CurriculumConfig,
+    FP16Config,
+    OptimizerConfig,
+    PLDConfig,
     SchedulerConfig,
     TokenBudgetConfig,
-    ZeroConfig,
     ZeroTrainConfig,
 )
+from .zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
 __all__ = [
-    "UNSUPPORTED_KEYS",
+    "ACTS",
+    "EFFECTS",
+    "NO_EFFECT",
+    "REFUSED",
+    "TRAINER_FILLS",
     "BF16Config",
     "CurriculumConfig",
     "CurriculumMetricConfig",
@@ -35,6 +45,7 @@ __all__ = [
     "DataEfficiencyConfig",
     "DataRoutingConfig",
     "DataSamplingConfig",
+    "DeepSpeedExtras",
     "DynamicBatchingConfig",
     "FP16Config",
     "LayerTokenLRConfig",
@@ -50,6 +61,9 @@ __all__ = [
     "TokenBudgetConfig",
     "ZeroConfig",
     "ZeroTrainConfig",
+    "autos_left",
+    "fill_auto",
     "load_config",
+    "read_config",
     "resolve_batch_sizes",
 ]

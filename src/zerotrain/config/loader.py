@@ -1,34 +1,26 @@
 """Turn a DeepSpeed-style JSON config into a validated `ZeroTrainConfig`.
 
-Order of work: read -> reject DeepSpeed features we do not implement -> fill "auto" ->
-pydantic -> batch triad (needs the world size). Every failure is one `ConfigError` line
-that names the dotted key, so users never see a pydantic traceback.
+Order of work: read (reader.py, the one reader) -> set comment keys aside -> unknown keys
+(a typo is reported as one, with a did-you-mean, even when its value is "auto") -> fill
+"auto" (auto.py, the one filler) -> pydantic -> batch triad (needs the world size). Every
+failure is one `ConfigError` line that names the dotted key, so users never see a pydantic
+traceback.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import typing
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError, did_you_mean
+from .auto import fill_auto
+from .base import NO_EFFECT, field_class
+from .reader import read_config
 from .schema import FieldProblem, ZeroTrainConfig, spellings, valid_keys
-
-# Top-level DeepSpeed keys with features zerotrain does not have. Saying so beats
-# "unknown key": the user did nothing wrong, the feature is just missing here.
-UNSUPPORTED_KEYS = frozenset({
-    "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-    "comet", "aio", "amp", "communication_data_type", "sparse_attention", "pipeline",
-    "compression_training", "autotuning", "elasticity", "data_types",
-    "dump_state", "memory_breakdown", "sparse_gradients", "monitor_config", "nebula",
-    "hybrid_engine", "eigenvalue", "quantize_training", "seq_parallel_communication_data_type",
-})
-_UNSUPPORTED_PREFIX = "zero_quantized_"
 
 _SHORT_REASONS = {
     "missing": "is missing",
@@ -45,6 +37,10 @@ _SHORT_REASONS = {
     "string_type": "should be a string",
     "list_type": "should be a list",
 }
+_TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# Top-level keys whose contents nothing reads: "auto" inside them is left alone.
+_OPAQUE = tuple(name for name, info in ZeroTrainConfig.model_fields.items()
+                if field_class(info).get("effect") == NO_EFFECT and info.annotation is Any)
 
 
 def load_config(
@@ -52,103 +48,68 @@ def load_config(
     world_size: int = 1,
     auto_values: dict[str, object] | None = None,
 ) -> ZeroTrainConfig:
-    """Validate `config` (a dict or a JSON file path) for a data-parallel world of `world_size`."""
+    """Validate `config` (a dict, a JSON/hjson file path or a JSON string) for a data-parallel
+    world of `world_size`. `auto_values` fills "auto" at dotted paths (what the trainer knows)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size should be a positive integer, got {world_size!r}")
-    raw = _read(config)
-    _reject_unsupported(raw)
-    data = _fill_auto(raw, auto_values or {}, "")  # builds new containers; raw stays as given
+    raw = read_config(config)
+    comments: list[str] = []
+    data = _without_comments(raw, "", comments)
+    _check_keys(data, ZeroTrainConfig, ())
+    autos: dict[str, str] = {}
+    data = fill_auto(data, auto_values, sources=autos, opaque=_OPAQUE)  # new containers; raw stays as given
     try:
         cfg = ZeroTrainConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from None
-    cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps = resolve_batch_sizes(
-        cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps, world_size)
-    cfg._raw = raw
+    triad = resolve_batch_sizes(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
+                                cfg.gradient_accumulation_steps, world_size)
+    for name, value in zip(_TRIAD, triad):
+        if name in cfg.given:
+            setattr(cfg, name, value)
+        else:
+            cfg.settle(name, value, f"derived: train_batch_size = micro batch x accumulation x world size {world_size}")
+    cfg._raw, cfg._comments, cfg._autos = raw, comments, autos
     return cfg
 
 
-# --------------------------------------------------------------------------- reading
+def check_keys(config: dict) -> None:
+    """Raise the ConfigError load_config would raise for the first unknown key."""
+    _check_keys(_without_comments(config, "", []), ZeroTrainConfig, ())
 
 
-def _read(config: Any) -> dict:
-    if isinstance(config, dict):
-        _check_depth(config)  # before deepcopy, which would recurse as deep as the input
-        return copy.deepcopy(config)
-    if not isinstance(config, (str, os.PathLike)):
-        raise ConfigError(f"config should be a dict or a path to a JSON file, got {type(config).__name__}")
-    path = Path(config)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(f"{path}: cannot read config: {reason}") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    except _DuplicateKey as exc:
-        raise ConfigError(f"{path}: key {exc.args[0]!r} appears twice in one object; keep one") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
-    except ValueError as exc:  # an integer with more digits than int() converts
-        raise ConfigError(f"{path}: invalid JSON: {str(exc).split(':')[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level should be a JSON object, got {type(data).__name__}")
-    _check_depth(data)
-    return data
-
-
-# The deepest DeepSpeed setting is about 7 levels down; anything far deeper is a mistake or a
-# dict that contains itself, and would otherwise end in a RecursionError somewhere below.
-_MAX_DEPTH = 32
-
-
-def _check_depth(node: Any, key: Any = None, depth: int = 0) -> None:
-    if depth > _MAX_DEPTH:
-        raise ConfigError(f"{key}: nested more than {_MAX_DEPTH} levels deep (or contains itself); "
-                          "no setting is that deep")
+def _without_comments(node: Any, path: str, found: list[str]) -> Any:
+    """Keys starting with "_" are comments (DeepSpeed ignores them at the top level)."""
     if isinstance(node, dict):
-        for k, value in node.items():
-            _check_depth(value, k if key is None else key, depth + 1)
-    elif isinstance(node, (list, tuple, set, frozenset)):
-        for value in node:
-            _check_depth(value, key, depth + 1)
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    # json.loads keeps the last duplicate silently; a config should say one thing.
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _reject_unsupported(raw: dict) -> None:
-    for key in raw:
-        if isinstance(key, str) and (key in UNSUPPORTED_KEYS or key.startswith(_UNSUPPORTED_PREFIX)):
-            raise ConfigError(f"{key}: DeepSpeed option not supported by zerotrain; remove it from the config")
-
-
-def _fill_auto(node: Any, values: dict[str, object], path: str) -> Any:
-    """Replace every "auto" by the value the Trainer supplied for its dotted path."""
-    if isinstance(node, dict):
-        return {k: _fill_auto(v, values, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        out = {}
+        for k, v in node.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and k.startswith("_"):
+                found.append(sub)
+            else:
+                out[k] = _without_comments(v, sub, found)
+        return out
     if isinstance(node, list):
-        return [_fill_auto(v, values, f"{path}[{i}]") for i, v in enumerate(node)]
-    if isinstance(node, str) and node == "auto":
-        if path not in values:
-            raise ConfigError(f"{path} is 'auto', which only the Trainer fills in; give a number")
-        return copy.deepcopy(values[path])
+        return [_without_comments(v, path, found) for v in node]
     return node
+
+
+def _check_keys(node: Any, model: type[BaseModel], loc: tuple) -> None:
+    """Unknown keys first, before "auto" is looked at, so a misspelt "auto" key is named."""
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        field = next((n for n in model.model_fields if key in spellings(n, model)), None)
+        if field is None:
+            raise ConfigError(f"{_dotted(loc + (key,))}: unknown key{did_you_mean(str(key), valid_keys(model))}")
+        inner, via_dict = _inner_model(model.model_fields[field].annotation)
+        if inner is None:
+            continue
+        if via_dict and isinstance(value, dict):
+            for name, sub in value.items():
+                _check_keys(sub, inner, loc + (key, name))
+        else:
+            _check_keys(value, inner, loc + (key,))
 
 
 # --------------------------------------------------------------------------- batch triad

@@ -2,13 +2,14 @@
 
 `build_features(config)` turns the config blocks into EngineFeature objects; the engine only
 calls their hooks and never names one. The order of the table is the order of the hooks:
-layer drop adds its kwargs first (as DeepSpeed does), the curriculum then cuts the batch,
-and the token count sees what is left.
+fp16 auto-cast first, then layer drop adds its kwargs (as DeepSpeed does), the curriculum cuts
+the batch, and the token count sees what is left.
 """
 
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .auto_cast import AutoCastFeature
 from .curriculum import CurriculumFeature, CurriculumScheduler, scheduler_from_data_efficiency
 from .layer_drop import LayerDropFeature, ProgressiveLayerDrop
 from .token_budget import TokenBudgetFeature
@@ -28,7 +29,7 @@ def _curriculum(cfg):
         if newer is not None:
             raise ConfigError("curriculum_learning and data_efficiency.data_sampling.curriculum_learning are both "
                               "enabled; keep one")
-        return CurriculumFeature(CurriculumScheduler(legacy))
+        return CurriculumFeature(CurriculumScheduler(legacy), legacy.curriculum_type)
     return CurriculumFeature(scheduler_from_data_efficiency(newer)) if newer is not None else None
 
 
@@ -37,23 +38,16 @@ def _token_budget(cfg):
     return TokenBudgetFeature(block) if block is not None and block.enabled else None
 
 
-FEATURES = (_layer_drop, _curriculum, _token_budget)
+def _auto_cast(cfg):
+    return AutoCastFeature() if cfg.fp16.enabled and cfg.fp16.auto_cast else None
 
 
-def _refuse_unimplemented(cfg) -> None:
-    de = cfg.data_efficiency
-    if de is None or not de.enabled:
-        return
-    if de.data_sampling.enabled and de.data_sampling.dynamic_batching.enabled:
-        raise ConfigError("data_efficiency.data_sampling.dynamic_batching: not supported by zerotrain; "
-                          "set \"enabled\": false")
-    if de.data_routing.enabled and de.data_routing.random_ltd.enabled:
-        raise ConfigError("data_efficiency.data_routing.random_ltd: not supported by zerotrain; "
-                          "set \"enabled\": false")
+# auto_cast first: the other features then see (and cut) the inputs the model will get
+FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget)
 
 
 def build_features(config) -> list:
-    _refuse_unimplemented(config)
+    """Dynamic batching and random-LTD, not built, are refused by the config itself."""
     return [f for f in (make(config) for make in FEATURES) if f is not None]
 
 

@@ -191,14 +191,19 @@ class CurriculumFeature(EngineFeature):
 
     name = "curriculum_learning"
 
-    def __init__(self, scheduler: CurriculumScheduler):
+    def __init__(self, scheduler: CurriculumScheduler, curriculum_type: str = "seqlen"):
         self.scheduler = scheduler
         self.pass_kwarg = False
+        # DeepSpeed (spec 1.1): any other type still moves the schedule, but nothing is injected
+        self.seqlen = curriculum_type == "seqlen"
+        self.curriculum_type = curriculum_type
 
     def on_train_start(self, engine) -> None:
         named, var_kw = _declares(engine.module, "curriculum_seqlen")
         self.pass_kwarg = named or (var_kw and not is_hf_model(engine.module))
         how = "passing curriculum_seqlen to the model" if self.pass_kwarg else "cutting the batch"
+        if not self.seqlen:
+            how = f"curriculum_type {self.curriculum_type!r}: the schedule moves, nothing is passed or cut"
         if engine.comm.rank == 0:
             log.info("curriculum learning on (%s, difficulty %d -> %d), %s", self.scheduler.state["schedule_type"],
                      self.scheduler.state["min_difficulty"], self.scheduler.state["max_difficulty"], how)
@@ -208,6 +213,8 @@ class CurriculumFeature(EngineFeature):
         if not _is_int(difficulty) or difficulty <= 0:
             raise ConfigError(f"curriculum_learning: the schedule gave sequence length {difficulty!r}; "
                               "it must be a positive integer")
+        if not self.seqlen:
+            return args, kwargs
         if self.pass_kwarg:
             return args, {**kwargs, "curriculum_seqlen": difficulty}
         seq = find_sequence(args, kwargs)
@@ -219,12 +226,12 @@ class CurriculumFeature(EngineFeature):
     def value(self, key: str):
         if key == "curriculum_scheduler":
             return self.scheduler
-        if key == "curriculum_seqlen":
+        if key == "curriculum_seqlen" and self.seqlen:
             return self.scheduler.get_current_difficulty()
         return None
 
     def log_fields(self, engine) -> dict:
-        return {"seqlen": self.scheduler.get_current_difficulty()}
+        return {"seqlen" if self.seqlen else "difficulty": self.scheduler.get_current_difficulty()}
 
     def state_dict(self) -> dict:
         return self.scheduler.state_dict()

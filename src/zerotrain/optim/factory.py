@@ -16,6 +16,8 @@ import torch
 
 from zerotrain.errors import ConfigError, did_you_mean
 
+from .uncorrected_adam import UncorrectedAdam
+
 _ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
                   "amsgrad": False, "bias_correction": True, "adam_w_mode": True,
                   "torch_adam": False}
@@ -121,15 +123,20 @@ def _build_builtin(name: str, params: dict, param_groups: list[dict]) -> torch.o
         if settings["nesterov"] and (settings["momentum"] <= 0 or settings["dampening"] != 0):
             raise ConfigError("optimizer.params.nesterov needs momentum > 0 and dampening 0")
     else:
-        if not settings["bias_correction"]:
-            raise ConfigError("optimizer.params.bias_correction: false is not supported; "
-                              "remove the key (Adam always applies bias correction here)")
         if name == "adamw" and not settings["adam_w_mode"]:
             raise ConfigError("optimizer.params.adam_w_mode: false is not possible with type "
                               "AdamW; use type Adam with adam_w_mode false for L2 weight decay")
+        settings["betas"] = tuple(float(b) for b in settings["betas"])
+        if not settings["bias_correction"]:
+            if fused:
+                raise ConfigError("optimizer.params.fused: torch has no fused kernel for bias_correction "
+                                  "false (it runs on foreach kernels); remove the key")
+            decoupled = settings["adam_w_mode"]
+            for key in _ROUTING_KEYS:
+                settings.pop(key, None)
+            return _construct(UncorrectedAdam, param_groups, {**settings, "decoupled": decoupled})
         # DeepSpeed's Adam decouples weight decay unless adam_w_mode is false.
         cls = torch.optim.AdamW if settings["adam_w_mode"] else torch.optim.Adam
-        settings["betas"] = tuple(float(b) for b in settings["betas"])
     for key in _ROUTING_KEYS:
         settings.pop(key, None)
     return _construct(cls, param_groups, {**settings, **_kernel_kwargs(cls, param_groups, fused)})

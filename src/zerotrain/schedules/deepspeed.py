@@ -346,7 +346,9 @@ def _lookup(type_name: Any) -> type:
 
 
 def build_scheduler(type_name: str, optimizer: Optimizer, params: dict | None):
-    """The `"scheduler": {"type", "params"}` config block -> a scheduler object."""
+    """The `"scheduler": {"type", "params"}` config block -> a scheduler object.
+    `warmup_num_steps: 0` means no warmup (what HF's "auto" gives with no warmup steps);
+    DeepSpeed's classes, built directly, refuse it as DeepSpeed does."""
     cls = _lookup(type_name)
     params = {} if params is None else params
     if not isinstance(params, dict):
@@ -362,9 +364,18 @@ def build_scheduler(type_name: str, optimizer: Optimizer, params: dict | None):
     for p in accepted:
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in params:
             raise ConfigError(f"scheduler.params.{p.name}: required by {cls.__name__}")
+    no_warmup = cls in (WarmupLR, WarmupDecayLR, WarmupCosineLR) and params.get("warmup_num_steps") == 0 \
+        and _is_int(params.get("warmup_num_steps"))
+    if no_warmup:  # the trainer's "auto" with no warmup; DeepSpeed's classes refuse 0
+        params = {**params, "warmup_num_steps": 1}
     try:
-        return cls(optimizer, **params)
+        scheduler = cls(optimizer, **params)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
         raise ConfigError(f"scheduler.params: {err}") from err
+    if no_warmup:
+        # W = 0: every formula of functional.py is then past its warmup from the first step
+        scheduler.warmup_num_steps = 0
+        scheduler._write_initial()
+    return scheduler

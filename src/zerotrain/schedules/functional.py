@@ -184,8 +184,13 @@ def ds_warmup_gamma(it: int, warmup_num_steps: int, warmup_type: str = "log") ->
     return 1.0
 
 
+# warmup_num_steps == 0 below (reachable only through build_scheduler: DeepSpeed's classes
+# refuse 0) means no warmup: the first optimizer step (it == -1) is already at the peak, and a
+# decay runs over total_num_steps steps from there, as HF's schedules do with no warmup.
+
+
 def warmup_lr(it: int, min_lr: float, max_lr: float, warmup_num_steps: int, warmup_type: str = "log") -> float:
-    gamma = ds_warmup_gamma(it, warmup_num_steps, warmup_type)
+    gamma = 1.0 if warmup_num_steps == 0 else ds_warmup_gamma(it, warmup_num_steps, warmup_type)
     return min_lr + (max_lr - min_lr) * gamma
 
 
@@ -197,7 +202,9 @@ def warmup_decay_lr(
     total_num_steps: int,
     warmup_type: str = "log",
 ) -> float:
-    if it < warmup_num_steps:
+    if warmup_num_steps == 0:
+        gamma = max(0.0, (total_num_steps - it - 1) / max(1, total_num_steps))
+    elif it < warmup_num_steps:
         gamma = ds_warmup_gamma(it, warmup_num_steps, warmup_type)
     else:
         # Clamped at 0, so the lr parks at min from it == total on and never undershoots.
@@ -213,10 +220,11 @@ def warmup_cosine_ratio(
     cos_min_ratio: float = 1e-4,
     warmup_type: str = "log",
 ) -> float:
-    """Multiplier on the group's original lr; 0 before the first step, whatever the min ratio."""
-    if it < 0:
+    """Multiplier on the group's original lr; 0 before the first step, whatever the min ratio
+    (with a warmup)."""
+    if it < 0 and warmup_num_steps > 0:
         return 0.0
-    if it < warmup_num_steps:
+    if warmup_num_steps and it < warmup_num_steps:
         base = ds_warmup_gamma(it, warmup_num_steps, warmup_type)
         return warmup_min_ratio + base * (1.0 - warmup_min_ratio)
     p = min(1.0, (it - warmup_num_steps + 1) / max(1, total_num_steps - warmup_num_steps))

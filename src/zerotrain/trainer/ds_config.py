@@ -1,21 +1,25 @@
 """The DeepSpeed config a training run uses, built from TrainingArguments as HF does.
 
-    --deepspeed ds.json  (or none: an empty config)
+    --deepspeed ds.json  (or none: an empty config; read by config.read_config, the reader
+                          zerotrain.initialize uses too)
         key absent        -> the option's value is written in
-        key "auto"        -> the option's value is written in
+        key "auto"        -> the option's value, through config.fill_auto (the one filler)
         key = value       -> must agree with the option if the user set that option,
                              otherwise the DeepSpeed value wins and the run uses it
 
 Every disagreement is listed in one ConfigError line. The scheduler block, if present,
-replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in.
+replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in
+(a warmup of 0 means no warmup). "auto" left inside fp16, bf16 and zero_optimization means
+the default, as in DeepSpeed.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 
+from ..config import autos_left, fill_auto, read_config
+from ..config.auto import unfilled_message
+from ..config.loader import check_keys
 from ..errors import ConfigError
 
 _OPTIM_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "momentum": "momentum"}
@@ -23,26 +27,30 @@ _ADAM = ("adamw", "adam")
 
 
 def read_deepspeed(value) -> dict:
-    if value is None:
-        return {}
-    if isinstance(value, dict):
-        return copy.deepcopy(value)
-    text = str(value)
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"deepspeed: invalid JSON string ({e.msg})") from None
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"deepspeed {path}: config file not found")
+    return {} if value is None else read_config(value)
+
+
+def model_hidden_size(model) -> int | None:
+    """The hidden size HF's "auto" bucket sizes are computed from (the largest of
+    `hidden_sizes` for models that have several), read from the model's config."""
+    for config in (getattr(model, "config", None), getattr(model, "cfg", None)):
+        for name in ("hidden_size", "n_embd", "d_model"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        sizes = getattr(config, "hidden_sizes", None)
+        if isinstance(sizes, (list, tuple)) and sizes and all(isinstance(v, int) for v in sizes):
+            return max(sizes)
+    return None
+
+
+def sample_length(dataset) -> int:
+    """Tokens in the first training sample: the curriculum's "auto" maximum for a dataset
+    of fixed-length blocks handed to zerotrain.Trainer directly."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"deepspeed {path}: not a JSON object ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"deepspeed {path}: the top level should be a JSON object")
-    return data
+        return len(dataset[0]["input_ids"])
+    except (IndexError, KeyError, TypeError):
+        return 0
 
 
 def _same(a, b) -> bool:
@@ -61,10 +69,15 @@ class _Filler:
         self.args, self.explicit = args, explicit
         self.conflicts: list[str] = []
 
+        self.autos: dict[str, object] = {}  # dotted key -> option value, for fill_auto
+
     def match(self, block: dict, key: str, dotted: str, option: str, value, adopt=None):
         """Fill block[key] from the option, or check it against the option."""
-        if key not in block or block[key] == "auto":
+        if key not in block:
             block[key] = value
+            return value
+        if block[key] == "auto":
+            self.autos[dotted] = value
             return value
         given = block[key]
         if _same(given, value):
@@ -77,9 +90,11 @@ class _Filler:
 
 
 def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
-                           block_size: int) -> tuple[dict, bool]:
+                           block_size) -> tuple[dict, bool]:
     """(config for zerotrain.initialize, whether its scheduler block drives the LR). The
-    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known."""
+    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known.
+    `block_size` (int, or a callable asked only when the curriculum needs it) fills the
+    curriculum's "auto" maximum."""
     ds = read_deepspeed(args.deepspeed)
     f = _Filler(args, explicit)
     setter = lambda name: (lambda v: setattr(args, name, type(getattr(args, name))(v)))  # noqa: E731
@@ -92,7 +107,7 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
         f.conflicts.append(f"train_batch_size={ds['train_batch_size']} vs per_device_train_batch_size "
                            f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
                            f"{args.gradient_accumulation_steps} x {world_size} processes = {total}")
-    ds["train_batch_size"] = total
+    f.match(ds, "train_batch_size", "train_batch_size", "", total)
     f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
             setter("max_grad_norm"))
     for name in ("fp16", "bf16"):
@@ -100,35 +115,36 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
         block = ds.setdefault(key, {})
         if isinstance(block, dict):
             f.match(block, "enabled", f"{key}.enabled", name, getattr(args, name), setter(name))
+    if isinstance(ds.get("amp"), dict) and ds["amp"].get("enabled") == "auto":
+        f.autos["amp.enabled"] = False  # HF's apex switch; zerotrain has no apex
     _optimizer(ds, args, f)
     uses_ds_scheduler = isinstance(ds.get("scheduler"), dict)
     if uses_ds_scheduler and "lr_scheduler_type" in explicit:
         f.conflicts.append(f"scheduler.type={ds['scheduler'].get('type')} vs --lr_scheduler_type "
                            f"{args.lr_scheduler_type} (both choose the schedule; keep one)")
     if uses_ds_scheduler:
-        params = ds["scheduler"].setdefault("params", {})
+        ds["scheduler"].setdefault("params", {})
         for key, value in (("warmup_min_lr", 0.0), ("warmup_max_lr", args.learning_rate)):
-            if params.get(key) == "auto":
-                params[key] = value
-    zero = ds.get("zero_optimization")
-    if isinstance(zero, dict) and hidden_size:
+            f.autos[f"scheduler.params.{key}"] = value
+    if hidden_size:  # else "auto" in zero_optimization means zerotrain's default
         for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
                            ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
                            ("prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
                            ("stage3_param_persistence_threshold", 10 * hidden_size),
                            ("param_persistence_threshold", 10 * hidden_size)):
-            if zero.get(key) == "auto":
-                zero[key] = value
+            f.autos[f"zero_optimization.{key}"] = value
     curriculum = ds.get("curriculum_learning")
     if isinstance(curriculum, dict) and curriculum.get("max_difficulty") == "auto":
-        curriculum["max_difficulty"] = block_size
+        length = block_size() if callable(block_size) else block_size  # a callable reads the data only now
+        if length:
+            f.autos["curriculum_learning.max_difficulty"] = length
     if f.conflicts:
         raise ConfigError("the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
                           + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option")
     ds.setdefault("steps_per_print", None)
     if ds["steps_per_print"] is None:
         del ds["steps_per_print"]
-    return ds, uses_ds_scheduler
+    return fill_auto(ds, f.autos, keep_unfilled=True), uses_ds_scheduler
 
 
 def _optimizer(ds: dict, args, f: _Filler) -> None:
@@ -154,7 +170,8 @@ def _optimizer(ds: dict, args, f: _Filler) -> None:
     if kind.lower() in _ADAM or "betas" in params or "eps" in params:
         betas = params.get("betas", "auto")
         if betas == "auto":
-            params["betas"] = [args.adam_beta1, args.adam_beta2]
+            f.autos["optimizer.params.betas"] = [args.adam_beta1, args.adam_beta2]
+            params.setdefault("betas", "auto")
         elif isinstance(betas, list) and len(betas) == 2:
             for i, name in enumerate(("adam_beta1", "adam_beta2")):
                 sub = {"b": betas[i]}
@@ -164,21 +181,17 @@ def _optimizer(ds: dict, args, f: _Filler) -> None:
 
 
 def fill_schedule(ds: dict, warmup_steps: int, total_steps: int) -> dict:
-    """Write the step counts into the scheduler block where it says "auto"."""
-    params = (ds.get("scheduler") or {}).get("params") or {}
-    for key, value in (("warmup_num_steps", warmup_steps), ("total_num_steps", total_steps)):
-        if params.get(key) == "auto":
-            params[key] = value
+    """Write the step counts into the scheduler block where it says "auto" (in place). A
+    warmup of 0 stays 0: the DeepSpeed schedule then has no warmup."""
+    filled = fill_auto(ds, {"scheduler.params.warmup_num_steps": warmup_steps,
+                            "scheduler.params.total_num_steps": total_steps}, keep_unfilled=True)
+    ds.clear()
+    ds.update(filled)
     return ds
 
 
-def check_no_auto_left(node, path: str = "") -> None:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            check_no_auto_left(v, f"{path}.{k}" if path else k)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            check_no_auto_left(v, f"{path}[{i}]")
-    elif node == "auto":
-        raise ConfigError(f"deepspeed: {path} is \"auto\", but the trainer has no option that fills it; "
-                          "give a value")
+def check_no_auto_left(node) -> None:
+    check_keys(node)  # a misspelt key is named as one, whatever its value
+    left = autos_left(node)
+    if left:
+        raise ConfigError(f"deepspeed: {unfilled_message(left[0])}")

@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ..config.zero import NVME_BLOCK_NUMEL as BLOCK_NUMEL  # the largest swap block (config resolves it)
 from .nvme_swap import SwappedOptimizer, rank_folder
-
-BLOCK_NUMEL = 1 << 18  # elements per NVMe swap block: 1 MB of fp32 per state tensor
 
 
 class OptimizerOffload:

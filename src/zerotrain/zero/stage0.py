@@ -20,13 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import Comm
+from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup
 from .offload_placement import OptimizerOffload
 
-# DDP's bucket size (25 MB of fp32): big enough to amortise a collective, small enough to
-# overlap with backward. DeepSpeed's 5e8-element default would mean a single bucket.
-DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,6 @@ def test_group_hyperparameters_win_over_params():
     ("adam", {"betas": [0.9]}, "optimizer.params.betas must be a pair"),
     ("adam", {"betas": [0.9, 1.0]}, "optimizer.params.betas must be a pair"),
     ("adam", {"eps": "small"}, "optimizer.params.eps must be"),
-    ("adam", {"bias_correction": False}, "bias_correction: false is not supported"),
     ("adamw", {"adam_w_mode": False}, "use type Adam"),
     ("sgd", {"nesterov": True}, "nesterov needs momentum > 0"),
     ("sgd", {"betas": [0.9, 0.9]}, "optimizer.params.betas: unknown key"),

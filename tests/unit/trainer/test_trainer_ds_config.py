@@ -86,3 +86,105 @@ def test_train_batch_size_must_add_up(tmp_path):
         build(str(tmp_path / "ds.json"), per_device_train_batch_size=8)
     with pytest.raises(ConfigError, match="config file not found"):
         build(str(tmp_path / "none.json"))
+
+
+# HF's documented ZeRO-3 config (transformers' DeepSpeed guide), as users copy it
+HF_ZERO3 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+
+
+@pytest.mark.parametrize("kind", ["WarmupLR", "WarmupDecayLR"])
+def test_hf_zero3_config_with_no_warmup_has_no_warmup(kind):
+    import torch
+
+    from zerotrain.schedules import build_scheduler
+
+    ds = json.loads(json.dumps(HF_ZERO3))
+    ds["scheduler"]["type"] = kind
+    if kind == "WarmupDecayLR":
+        ds["scheduler"]["params"]["total_num_steps"] = "auto"
+    _, cfg, uses = build(ds, learning_rate=0.01)
+    fill_schedule(cfg, 0, 4)  # warmup_steps 0, warmup_ratio 0: no warmup
+    check_no_auto_left(cfg)
+    loaded = load_config(cfg, world_size=2)
+    assert loaded.scheduler.params["warmup_num_steps"] == 0
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = build_scheduler(kind, opt, loaded.scheduler.params)
+    lrs = [opt.param_groups[0]["lr"]]
+    for _ in range(4):
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    expected = [0.01] * 5 if kind == "WarmupLR" else [0.01, 0.0075, 0.005, 0.0025, 0.0]
+    assert lrs == pytest.approx(expected, abs=1e-12)
+
+
+def test_hf_zero3_config_trains_with_the_cli(tmp_path):
+    from trainer_helpers import Capture, options, run
+
+    path = tmp_path / "ds_zero3.json"
+    path.write_text(json.dumps(HF_ZERO3), encoding="utf-8")
+    capture = Capture()
+    results, _ = run(options(tmp_path, deepspeed=str(path), max_steps=2), callbacks=[capture])
+    zero = capture.trainer.engine.config.zero_optimization
+    hidden = 64  # gpt-tiny
+    assert results["global_step"] == 2
+    assert (zero.reduce_bucket_size, zero.prefetch_bucket_size, zero.param_persistence_threshold) == \
+        (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)
+
+
+def test_python_trainer_fills_what_the_cli_fills(tmp_path):
+    import torch
+
+    from zerotrain import Trainer, TrainingArguments
+    from zerotrain.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    data = [{"input_ids": torch.randint(0, 64, (16,))} for _ in range(8)]
+    ds = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                "stage3_param_persistence_threshold": "auto"},
+          "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
+                                  "max_difficulty": "auto", "schedule_type": "fixed_linear",
+                                  "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}},
+          "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), deepspeed=ds, per_device_train_batch_size=2,
+                             max_steps=1, report_to="none", disable_tqdm=True, save_strategy="no")
+    trainer = Trainer(model, args, data)
+    zero = trainer.engine.config.zero_optimization
+    assert (zero.reduce_bucket_size, zero.prefetch_bucket_size, zero.param_persistence_threshold) == (1024, 921, 320)
+    assert trainer.engine.config.curriculum_learning.max_difficulty == 16
+    trainer.engine.destroy()
+
+
+def test_one_reader_for_both_routes(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}', encoding="utf-8")
+    with pytest.raises(ConfigError, match="key 'gradient_clipping' appears twice"):
+        build(str(path))
+    path.write_text('{\n  // hjson, as DeepSpeed reads it\n  "gradient_clipping": "auto",\n}', encoding="utf-8")
+    _, cfg, _ = build(str(path), max_grad_norm=0.5)
+    assert cfg["gradient_clipping"] == 0.5
+
+
+def test_misspelt_auto_key_is_an_unknown_key():
+    for ds, message in (({"gradient_cliping": "auto"}, "gradient_cliping: unknown key, did you mean gradient_clipping?"),
+                        ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": "auto"}},
+                         "zero_optimization.reduce_bucket_sise: unknown key, did you mean reduce_bucket_size?")):
+        _, cfg, _ = build(ds)
+        fill_schedule(cfg, 0, 10)
+        with pytest.raises(ConfigError) as err:
+            check_no_auto_left(cfg)
+        assert str(err.value) == message

@@ -42,7 +42,7 @@ from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
 from ..data.sampler import TrainSampler
-from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
+from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
@@ -90,7 +90,8 @@ class Trainer:
             run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
         world = self.comm.world_size
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
-                                                       world, self.info.hidden_size, block_size or 0)
+                                                       world, self.info.hidden_size or model_hidden_size(model),
+                                                       block_size or (lambda: sample_length(train_dataset)))
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         self.micro_per_epoch, self.loader = 1, None

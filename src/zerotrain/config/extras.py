@@ -1,0 +1,117 @@
+"""Top-level DeepSpeed keys for what zerotrain does not build: each accepted with no effect
+(named in the notice at initialize) or refused by name with the reason. A feature block that
+says `"enabled": false` is accepted whatever it is: the feature is off, as in DeepSpeed.
+
+Also here: keys DeepSpeed itself ignores that real configs carry (`cuda_visible_devices`,
+`disable_allgather`, `comms_config`, `monitor_config`), so that they are not mistaken for
+typos of the keys they resemble. Keys starting with "_" are comments (the loader strips them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Block, no_effect, refused
+
+
+def is_off(value: Any) -> bool:
+    """A feature block that is switched off: `"enabled": false` at its top, or every
+    `enabled` inside it false (compression_training nests them per technique)."""
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    if "enabled" in value:
+        return value["enabled"] is False
+    switches = list(_switches(value))
+    return bool(switches) and not any(switches)
+
+
+def _switches(node: Any):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "enabled":
+                yield v is not False
+            else:
+                yield from _switches(v)
+
+
+def _data_types_ok(value: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, dict) and all(
+        v is None or (k == "grad_accum_dtype" and v == "fp32") or (k == "keep_in_fp32_modules" and v == "auto")
+        for k, v in value.items())
+
+
+_MONITOR = "monitoring backends are not built: zerotrain train writes metrics.jsonl and tensorboard/ itself"
+_IGNORED = "DeepSpeed ignores it too"
+_OFF = " or set \"enabled\": false"
+
+
+class DeepSpeedExtras(Block):
+    # ---- accepted, no effect
+    activation_checkpointing: Any = no_effect(None, "zerotrain has no deepspeed.checkpointing API for a model to "
+                                                    "call; use gradient checkpointing (torch.utils.checkpoint)")
+    aio: Any = no_effect(None, "the NVMe swap does its I/O with its own threads")
+    autotuning: Any = no_effect(None, "autotuning is a DeepSpeed launcher feature")
+    datastates_ckpt: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
+    nebula: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
+    comms_logger: Any = no_effect(None, "collectives are not logged")
+    comms_config: Any = no_effect(None, f"collectives are not logged ({_IGNORED})")
+    flops_profiler: Any = no_effect(None, "the flops profiler is not built; wall_clock_breakdown times the steps")
+    timers: Any = no_effect(None, "wall_clock_breakdown times the steps")
+    tensorboard: Any = no_effect(None, _MONITOR)
+    wandb: Any = no_effect(None, _MONITOR)
+    csv_monitor: Any = no_effect(None, _MONITOR)
+    comet: Any = no_effect(None, _MONITOR)
+    monitor_config: Any = no_effect(None, f"{_MONITOR} ({_IGNORED})")
+    memory_breakdown: Any = no_effect(None, "use engine.memory_breakdown() or zerotrain estimate")
+    dump_state: Any = no_effect(None, "the engine's state is not dumped at initialize")
+    log_level: Any = no_effect(None, "zerotrain logs through the 'zerotrain' logger")
+    disable_python_gc: Any = no_effect(None, "Python's garbage collector is left as it is")
+    disable_allgather: Any = no_effect(None, _IGNORED)
+    cuda_visible_devices: Any = no_effect(None, f"{_IGNORED}; set CUDA_VISIBLE_DEVICES in the environment")
+    fp32_allreduce: Any = no_effect(None, f"{_IGNORED} since 0.3")
+    vocabulary_size: Any = no_effect(None, "DeepSpeed only warns about it")
+    seq_parallel_communication_data_type: Any = no_effect(None, "there is no sequence parallelism")
+    use_data_before_expert_parallelism: Any = no_effect(None, "there are no expert (MoE) layers")
+    expert_parallel: Any = no_effect(None, "there are no expert (MoE) layers")
+    data_types: Any = refused(None, "zerotrain accumulates gradients in fp32 masters at stages 2-3 and in the "
+                                    "training dtype at 0-1, and keeps parameters and buffers in the training "
+                                    "dtype; only grad_accum_dtype \"fp32\" is accepted (no effect)",
+                              ok=_data_types_ok)
+    # ---- refused unless off
+    amp: Any = refused(None, "apex AMP is not built; use the fp16 or bf16 block", ok=is_off, fix=_OFF)
+    torch_autocast: Any = refused(None, "torch autocast around fp32 weights is not built; use the fp16 or bf16 "
+                                        "block", ok=is_off, fix=_OFF)
+    compile: Any = refused(None, "torch.compile of the engine (and DeepCompile) is not built; compile the model "
+                                 "yourself before initialize", ok=is_off, fix=_OFF)
+    pipeline: Any = refused(None, "pipeline parallelism is not built yet", ok=is_off, fix=_OFF)
+    tensor_parallel: Any = refused(None, "tensor parallelism is not built yet", ok=is_off, fix=_OFF)
+    sequence_parallel_size: Any = refused(None, "sequence parallelism is not built",
+                                          ok=lambda v: v in (None, 1), fix=" or set it to 1")
+    sparse_attention: Any = refused(None, "sparse attention changes the model and is not built (DeepSpeed 0.19.8 "
+                                          "removed it too)", ok=is_off, fix=_OFF)
+    compression_training: Any = refused(None, "compression training (quantization, pruning, layer reduction) "
+                                              "changes what is trained and is not built",
+                                        ok=is_off, fix=" or switch every technique off")
+    quantize_training: Any = refused(None, "quantized training (MoQ) is not built (DeepSpeed 0.19.8 removed it "
+                                           "too)", ok=is_off, fix=_OFF)
+    weight_quantization: Any = refused(None, "weight quantization is an inference feature and is not built",
+                                       ok=is_off)
+    eigenvalue: Any = refused(None, "eigenvalue-based quantization is not built (DeepSpeed 0.19.8 removed it "
+                                    "too)", ok=is_off, fix=_OFF)
+    elasticity: Any = refused(None, "elastic batch sizes are not built (DeepSpeed 0.19.8 removed them too); set "
+                                    "the batch sizes directly", ok=is_off, fix=_OFF)
+    hybrid_engine: Any = refused(None, "the RLHF hybrid (generation) engine is not built", ok=is_off, fix=_OFF)
+    graph_harvesting: Any = refused(None, "graph harvesting is not built (DeepSpeed 0.19.8 removed it too)",
+                                    ok=lambda v: v in (None, False))
+    sparse_gradients: Any = refused(None, "sparse gradients are not built: the engine's gradients are dense",
+                                    ok=lambda v: v in (None, False))
+    gradient_allreduce_op: Any = refused(None, "gradients are always averaged (\"mean\"); \"sum\" is not built",
+                                         ok=lambda v: v in (None, "mean"))
+    managed_gradient_accumulation: Any = refused(None, "the engine always divides the loss by "
+                                                       "gradient_accumulation_steps", ok=lambda v: v in (None, True))
+    communication_data_type: Any = refused(None, "gradients are reduced in the training dtype; a different "
+                                                 "communication dtype is not built", ok=lambda v: True)
