@@ -119,7 +119,8 @@ class TrainingArguments:
     lr_scheduler_type: str = _opt(
         "linear", "HF schedule: linear, cosine, cosine_with_restarts, polynomial, constant, "
                   "constant_with_warmup, inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, "
-                  "cosine_warmup_with_min_lr, warmup_stable_decay.")
+                  "cosine_warmup_with_min_lr, warmup_stable_decay, warmup_linear_decay_exp (the BERT PLD "
+                  "recipe's; kwargs decay_rate, decay_steps; no warmup means a constant lr).")
     lr_scheduler_kwargs: dict = _opt({}, "Extra schedule arguments as JSON, e.g. {\"num_cycles\": 1}.")
     warmup_steps: float = _opt(0, "Warmup steps; a value in (0, 1) is a fraction of the total (HF 5.x).")
     warmup_ratio: float = _opt(0.0, "Warmup as a fraction of the total steps, used when warmup_steps is 0.")
