@@ -59,11 +59,12 @@ def is_bert_recipe_config(spec: dict) -> bool:
 
 def bert_config_keys(spec: dict) -> dict:
     """Our field names for a mapping that may use BERT's names (one spelling per setting)."""
-    out: dict = {}
+    out, source = {}, {}
     for key, value in spec.items():
         name = BERT_KEYS.get(key, key)
         if name in out:
-            raise ConfigError(f"model_config: {key} and {name} set the same thing; keep one")
+            raise ConfigError(f"model_config: {source[name]} and {key} set the same thing; keep one")
+        source[name] = key
         if key == "vocab_size_or_config_json_file" and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"model_config: vocab_size_or_config_json_file should be the vocabulary size (an "
                               f"integer), got {value!r}")
