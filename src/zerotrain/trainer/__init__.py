@@ -5,9 +5,11 @@ Read in this order:
     args.py        the options (HF TrainingArguments names), ds_config.py the DeepSpeed config from them
     pipeline.py    how one run is put together: tokenizer -> model -> data -> LoRA -> Trainer
     loop/          the Trainer: its loop (trainer.py), one micro-batch and what it counts (step.py),
-                   evaluation (evaluate.py), the run folder: resume, rotation (run_folder.py)
+                   evaluation (evaluate.py) and the GLUE metrics (glue_metrics.py), the run folder:
+                   resume, rotation (run_folder.py)
     data/          data files -> tokenized, cached datasets (readers, prepare), tokenizers, batches
-                   (collate), which rank trains on which sample (sampler)
+                   (collate), which rank trains on which sample (sampler); GLUE tasks, their files and
+                   pair encoding (glue_tasks, glue_files, glue)
     model/         presets, model folders in and out (build), LoRA (lora), gradient checkpointing
     report/        what a run shows and writes: metrics.jsonl and TensorBoard (metrics_log,
                    tensorboard), the progress bar and summary (progress), the PNG (plot)
