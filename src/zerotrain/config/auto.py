@@ -35,7 +35,7 @@ TRAINER_FILLS = {
     "optimizer.params.betas": "adam_beta1, adam_beta2",
     "optimizer.params.eps": "adam_epsilon",
     "optimizer.params.weight_decay": "weight_decay",
-    "scheduler.params.warmup_min_lr": "0",
+    "scheduler.params.warmup_min_lr": "0 (always, as HF)",
     "scheduler.params.warmup_max_lr": "learning_rate",
     "scheduler.params.warmup_num_steps": "warmup_steps / warmup_ratio (0: no warmup)",
     "scheduler.params.total_num_steps": "max_steps / num_train_epochs",
