@@ -150,19 +150,21 @@ class TokenBudgetConfig(Block):
         return self
 
 
+# --------------------------------------------------------------------------- top level
+
+
 class CheckpointConfig(Block):
-    """DeepSpeed's `checkpoint` block."""
+    """DeepSpeed's `checkpoint` block: zerotrain acts on node-local storage; the rest is about
+    DeepSpeed's own checkpoint writers and formats."""
 
     use_node_local_storage: bool = acts(
         False, "Each node writes and reads its own ranks' checkpoint files under its own save_dir (clusters "
                "without shared storage); local rank 0 of each node writes the shared files.")
-    tag_validation: str = no_effect("Warn", "tags are always checked: one that would leave its folder is an error")
-    load_universal: bool = refused(False, "universal checkpoints are not built; zerotrain's own load into another "
-                                          "world size at the same ZeRO stage")
+    tag_validation: Any = no_effect(None, "tags are validated as paths inside the save folder, on every rank")
+    load_universal: Any = no_effect(None, "a checkpoint of N ranks loads into M ranks without a universal format")
+    checkpoint_serialization: Any = no_effect(None, "checkpoint files are zerotrain's own (manifest, checksums)")
+    writer: Any = no_effect(None, "checkpoint files are written by zerotrain's own crash-safe writer")
     parallel_write: Any = no_effect(None, "every rank writes its own files at once already")
-
-
-# --------------------------------------------------------------------------- top level
 
 
 class ZeroTrainConfig(DeepSpeedExtras):
@@ -196,6 +198,7 @@ class ZeroTrainConfig(DeepSpeedExtras):
     pipeline: PipelineConfig | None = acts(None, "Pipeline parallelism: schedule and DeepSpeed's pipeline keys.")
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
+    checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")
     zero_force_ds_cpu_optimizer: bool = no_effect(False, "offloaded steps run torch's own optimizer on the host")
 

@@ -7,7 +7,11 @@ zerotrain.layerdrop.LayerDrop list (features/layer_drop.py), so `progressive_lay
 training skips blocks (block i of L kept with probability 1 - i/L * (1 - t)).
 
     input_ids -> token + position (+ segment) embeddings -> LN -> [PreLN block] x L -> LN
-              -> MLM head (dense, gelu, LN, tied decoder)   or   pooler(first token) -> classes
+              -> MLM head (dense, act, LN, tied decoder)   or   pooler(first token) -> classes / a score
+
+`bert_config` also reads the BERT config of the PLD recipe (pytorch-pretrained-bert's and HF's
+key names: hidden_size, num_hidden_layers, intermediate_size, hidden_act, the two dropouts,
+initializer_range, ...). A classifier with one output is a regression (MSE), as in HF.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from ..features.layer_drop import LayerDrop
-from .block import PreLNBlock
+from .block import PreLNBlock, activation
 
 
 @dataclass
@@ -30,9 +35,41 @@ class BertConfig:
     n_layer: int = 6
     n_head: int = 4
     type_vocab_size: int = 2
-    dropout: float = 0.0
-    num_labels: int = 2
+    dropout: float = 0.0  # embeddings, residual branches and the classifier input (hidden_dropout_prob)
+    num_labels: int = 2  # 1: regression
     bias: bool = True
+    n_inner: int | None = None  # feed-forward width; None: 4 x n_embd
+    activation: str = "gelu"
+    attn_dropout: float | None = None  # attention probabilities; None: dropout
+    init_std: float = 0.02  # normal init of linear and embedding weights
+
+
+# BERT config names (pytorch-pretrained-bert's, which the PLD recipe uses, and HF's) -> ours
+BERT_KEYS = {"vocab_size_or_config_json_file": "vocab_size", "hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+             "num_attention_heads": "n_head", "intermediate_size": "n_inner", "hidden_act": "activation",
+             "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attn_dropout",
+             "max_position_embeddings": "n_positions", "type_vocab_size": "type_vocab_size",
+             "initializer_range": "init_std"}
+
+
+def is_bert_recipe_config(spec: dict) -> bool:
+    """A config of BERT names with neither model_type nor zerotrain_model, as the recipe writes it."""
+    return "vocab_size_or_config_json_file" in spec or (bool(spec) and set(spec) <= set(BERT_KEYS) | {"vocab_size"})
+
+
+def bert_config_keys(spec: dict) -> dict:
+    """Our field names for a mapping that may use BERT's names (one spelling per setting)."""
+    out, source = {}, {}
+    for key, value in spec.items():
+        name = BERT_KEYS.get(key, key)
+        if name in out:
+            raise ConfigError(f"model_config: {source[name]} and {key} set the same thing; keep one")
+        source[name] = key
+        if key == "vocab_size_or_config_json_file" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"model_config: vocab_size_or_config_json_file should be the vocabulary size (an "
+                              f"integer), got {value!r}")
+        out[name] = value
+    return out
 
 
 class BertEncoder(nn.Module):
@@ -45,7 +82,11 @@ class BertEncoder(nn.Module):
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.n_embd)
         self.ln_emb = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.blocks = LayerDrop(PreLNBlock(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, causal=False)
+        if cfg.n_embd % cfg.n_head:
+            raise ConfigError(f"model_config: hidden size {cfg.n_embd} is not a multiple of {cfg.n_head} heads")
+        activation(cfg.activation)  # an unknown name fails here, before any block is built
+        self.blocks = LayerDrop(PreLNBlock(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, causal=False,
+                                           n_inner=cfg.n_inner, act=cfg.activation, attn_dropout=cfg.attn_dropout)
                                 for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
 
@@ -64,11 +105,14 @@ class BertEncoder(nn.Module):
         return self.ln_f(x)
 
 
-def _init(m: nn.Module) -> None:
-    if isinstance(m, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(m.weight, std=0.02)
-    if isinstance(m, nn.Linear) and m.bias is not None:
-        nn.init.zeros_(m.bias)
+def _initialiser(std: float):
+    def init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    return init
 
 
 class BertForMaskedLM(nn.Module):
@@ -82,7 +126,8 @@ class BertForMaskedLM(nn.Module):
         self.dense = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.ln = nn.LayerNorm(cfg.n_embd)
         self.decoder = nn.Linear(cfg.n_embd, cfg.vocab_size)
-        self.apply(_init)
+        self.act = activation(cfg.activation)
+        self.apply(_initialiser(cfg.init_std))
         self.decoder.weight = self.bert.wte.weight  # tied, as in BERT
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
@@ -91,14 +136,15 @@ class BertForMaskedLM(nn.Module):
         if labels is not None:
             picked = labels != -100
             h, labels = h[picked], labels[picked]
-        logits = self.decoder(self.ln(F.gelu(self.dense(h))))
+        logits = self.decoder(self.ln(self.act(self.dense(h))))
         if labels is None:
             return logits
         return F.cross_entropy(logits.float(), labels)
 
 
 class BertForSequenceClassification(nn.Module):
-    """Classifies from the first token (a [CLS] position); labels give the cross-entropy loss."""
+    """Classifies from the first token (a [CLS] position); labels give the cross-entropy loss, or
+    with num_labels 1 (a regression such as STS-B) the mean squared error of the one output."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -106,12 +152,17 @@ class BertForSequenceClassification(nn.Module):
         self.bert = BertEncoder(cfg)
         self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels)
-        self.apply(_init)
+        self.apply(_initialiser(cfg.init_std))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 progressive_layer_drop=False, pld_theta=None):
         h = self.bert(input_ids, attention_mask, token_type_ids, progressive_layer_drop, pld_theta)
-        logits = self.classifier(torch.tanh(self.pooler(h[:, 0])))
+        pooled = torch.tanh(self.pooler(h[:, 0]))
+        if self.cfg.dropout:
+            pooled = F.dropout(pooled, self.cfg.dropout, self.training)
+        logits = self.classifier(pooled)
         if labels is None:
             return logits
+        if self.cfg.num_labels == 1:
+            return F.mse_loss(logits.float().squeeze(-1), labels.float())
         return F.cross_entropy(logits.float(), labels)

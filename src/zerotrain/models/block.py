@@ -8,23 +8,49 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
+
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# BERT configs name the activation (hidden_act); gelu is the exact (erf) form, gelu_new the tanh one
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "relu": F.relu,
+               "silu": F.silu, "swish": F.silu}
+
+
+def activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"hidden_act {name!r}: should be one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
 
 class PreLNBlock(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True, causal: bool = True):
+    """`dropout` acts on the residual branches, `attn_dropout` (default: the same) on the attention
+    probabilities; the feed-forward is n_embd -> n_inner (default 4 x n_embd) -> n_embd."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True, causal: bool = True,
+                 n_inner: int | None = None, act: str = "gelu", attn_dropout: float | None = None):
         super().__init__()
+        inner = n_inner or 4 * n_embd
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
-        self.fc_out = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.fc = nn.Linear(n_embd, inner, bias=bias)
+        self.fc_out = nn.Linear(inner, n_embd, bias=bias)
         self.n_head, self.dropout, self.causal = n_head, dropout, causal
+        self.attn_dropout = dropout if attn_dropout is None else attn_dropout
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+        pa = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=pa, is_causal=self.causal)
         x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)), p, self.training)
-        return x + F.dropout(self.fc_out(F.gelu(self.fc(self.ln_2(x)))), p, self.training)
+        return x + F.dropout(self.fc_out(self.act(self.fc(self.ln_2(x)))), p, self.training)

@@ -169,6 +169,21 @@ def warmup_stable_decay_multiplier(
     return m
 
 
+def warmup_linear_decay_exp_multiplier(
+    step: int, num_training_steps: int, warmup: float, decay_rate: float = 0.99, decay_steps: float = 1000
+) -> float:
+    """The BERT PLD recipe's "warmup linear decay exp" (spec 9.2), with warmup the fraction w of
+    the T total steps: (s/T)/w while s/T < w, then decay_rate ** ((s - w*T) / decay_steps).
+    A warmup of 0 gives 1 at every step, with no decay at all: the recipe returns 1 before it
+    looks at the decay rate, and zerotrain keeps that so its numbers carry over."""
+    if warmup == 0:
+        return 1.0
+    x = step / num_training_steps
+    if x < warmup:
+        return x / warmup
+    return decay_rate ** ((step - warmup * num_training_steps) / decay_steps)
+
+
 # ---------------------------------------------------------------------------------------
 # DeepSpeed schedules (functions of last_batch_iteration `it`)
 

@@ -32,6 +32,7 @@ SCHEDULER_TYPES = [
     "cosine_with_min_lr",
     "cosine_warmup_with_min_lr",
     "warmup_stable_decay",
+    "warmup_linear_decay_exp",
 ]
 
 # Extra kwargs each type accepts, with their defaults. `last_epoch` goes to LambdaLR.
@@ -53,6 +54,8 @@ _EXTRA: dict[str, dict[str, Any]] = {
         "min_lr_ratio": 0.0,
         "num_cycles": 0.5,
     },
+    # the BERT PLD recipe's schedule (spec 9.2): warmup fraction = num_warmup_steps / num_training_steps
+    "warmup_linear_decay_exp": {"decay_rate": 0.99, "decay_steps": 1000},
 }
 # Read from torch so a torch upgrade that adds or drops an option needs no change here.
 _PLATEAU_KEYS = tuple(p for p in inspect.signature(ReduceLROnPlateau).parameters if p != "optimizer")
@@ -159,9 +162,24 @@ def get_scheduler(
         else:
             fn = partial(F.cosine_warmup_with_min_lr_multiplier, num_warmup_steps=W, num_training_steps=N,
                          min_lr_rate=rate, num_cycles=opts["num_cycles"], warmup_lr_rate=opts["warmup_lr_rate"])
+    elif name == "warmup_linear_decay_exp":
+        fn = _linear_decay_exp(W, N, opts)
     else:
         fn = _wsd(W, N, opts)
     return LambdaLR(optimizer, fn, last_epoch=last_epoch)
+
+
+def _linear_decay_exp(W: int, N: int, opts: dict) -> partial:
+    if N <= 0:
+        raise ValueError(f"warmup_linear_decay_exp needs num_training_steps > 0, got {N}")
+    rate, steps = opts["decay_rate"], opts["decay_steps"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        raise ValueError(f"decay_rate: should be a number in (0, 1], got {rate!r}")
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not steps > 0:
+        raise ValueError(f"decay_steps: should be a number > 0, got {steps!r}")
+    # W == 0 leaves the multiplier at 1 for good, decay included (the recipe's quirk, kept)
+    return partial(F.warmup_linear_decay_exp_multiplier, num_training_steps=N, warmup=W / N,
+                   decay_rate=float(rate), decay_steps=float(steps))
 
 
 def _wsd(W: int, N: int | None, opts: dict) -> partial:

@@ -7,11 +7,13 @@ Read in this order:
     preflight.py   what the options alone decide, checked before anything is loaded
     pipeline.py    how one run is put together: tokenizer -> data -> model -> LoRA -> Trainer
     loop/          the Trainer: its loop (trainer.py), one micro-batch and what it counts (step.py),
-                   evaluation (evaluate.py), Ctrl-C / SIGTERM (interrupt.py), the run folder:
-                   resume, rotation, shared or node-local storage (run_folder.py)
+                   evaluation (evaluate.py) and the GLUE metrics (glue_metrics.py), Ctrl-C /
+                   SIGTERM (interrupt.py), the run folder: resume, rotation, shared or node-local
+                   storage (run_folder.py)
     data/          data files -> tokenized, cached datasets (readers, prepare), conversations and
                    chat templates (chat), packing, tokenizers, batches (collate), which rank trains
-                   on which sample (sampler)
+                   on which sample (sampler); GLUE tasks, their files and pair encoding
+                   (glue_tasks, glue_files, glue)
     model/         presets, model folders in and out (build), LoRA (lora), gradient checkpointing
     report/        what a run shows and writes: the banner, metrics.jsonl and TensorBoard
                    (metrics_log, tensorboard), the progress bar and summary (progress), the PNG (plot)

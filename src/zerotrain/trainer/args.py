@@ -35,9 +35,10 @@ class ModelArguments:
         None, "Local model folder to start from: an HF model (config.json, weights, tokenizer) or a "
               "folder written by `zerotrain train`.")
     model_config: str | None = _opt(
-        None, "Train from scratch: a preset (gpt-tiny, gpt-small, bert-tiny, bert-small, gpt2-tiny, "
-              "llama-tiny) or a JSON/YAML model config file (HF config with model_type, or "
-              "{\"zerotrain_model\": \"gpt\"|\"bert\", ...}).")
+        None, "Train from scratch: a preset (gpt-tiny, gpt-small, bert-tiny, bert-small, bert-base, gpt2-tiny, "
+              "llama-tiny) or a JSON/YAML model config file (HF config with model_type, "
+              "{\"zerotrain_model\": \"gpt\"|\"bert\", ...}, or a BERT config of hidden_size, "
+              "num_hidden_layers, ... as the PLD recipe writes it: the built-in Pre-LN BERT).")
     tokenizer_name_or_path: str | None = _opt(
         None, "Tokenizer folder or tokenizer.json file; default: the model folder's tokenizer, else "
               "a built-in byte-level tokenizer (256 bytes + special tokens).")
@@ -65,6 +66,13 @@ class DataArguments:
         None, "Training data: .txt (a row per line), .jsonl, .json, .csv, a folder of text files (a "
               "row per file) or a folder written by datasets' save_to_disk.")
     validation_file: str | None = _opt(None, "Evaluation data, in any format train_file takes.")
+    task_name: str | None = _opt(
+        None, "GLUE fine-tuning (HF run_glue): cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte or wnli; sentence pairs, "
+              "STS-B regression and the GLUE metrics. Data from --data_dir, or --train_file/--validation_file with "
+              "the task's columns (or sentence1/sentence2) and label. Implies --task classification.")
+    data_dir: str | None = _opt(
+        None, "With task_name: the task's folder as GLUE distributes it (train.tsv, dev.tsv; MNLI dev_matched.tsv "
+              "and dev_mismatched.tsv), or the GLUE folder holding it.")
     test_file: str | None = _opt(None, "Data for --do_predict (test_* metrics; classification also writes "
                                        "predictions.jsonl), in any format train_file takes.")
     text_column: str = _opt("text", "Column holding the text (jsonl, json, csv, saved datasets).",
@@ -119,7 +127,8 @@ class TrainingArguments:
     lr_scheduler_type: str = _opt(
         "linear", "HF schedule: linear, cosine, cosine_with_restarts, polynomial, constant, "
                   "constant_with_warmup, inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, "
-                  "cosine_warmup_with_min_lr, warmup_stable_decay.")
+                  "cosine_warmup_with_min_lr, warmup_stable_decay, warmup_linear_decay_exp (the BERT PLD "
+                  "recipe's; kwargs decay_rate, decay_steps; no warmup means a constant lr).")
     lr_scheduler_kwargs: dict = _opt({}, "Extra schedule arguments as JSON, e.g. {\"num_cycles\": 1}.")
     warmup_steps: float = _opt(0, "Warmup steps; a value in (0, 1) is a fraction of the total (HF 5.x).")
     warmup_ratio: float = _opt(0.0, "Warmup as a fraction of the total steps, used when warmup_steps is 0.")
@@ -308,6 +317,8 @@ def build(values: dict, explicit: set[str] | None = None,
         per_class[cls][name] = convert(key, f, hf_options.map_value(name, value))
         if explicit is not None:
             explicit.add(name)
+    if per_class[DataArguments].get("task_name") and "task" not in per_class[ModelArguments]:
+        per_class[ModelArguments]["task"] = "classification"  # run_glue: the task name says what is trained
     model, data = ModelArguments(**per_class[ModelArguments]), DataArguments(**per_class[DataArguments])
     training = TrainingArguments(**per_class[TrainingArguments])
     if not training.output_dir:
@@ -328,6 +339,12 @@ def check_together(model: ModelArguments, data: DataArguments, training: Trainin
                 raise ConfigError(f"{name} is for --task sft (this run's task is {model.task})")
         if data.chat_template is not None:
             raise ConfigError(f"chat_template is for --task sft (this run's task is {model.task})")
+    from .data.glue_tasks import check_glue_options
+
+    check_glue_options(data, model.task, training.do_train is not False)
+    if data.task_name and training.do_predict and data.data_dir:
+        raise ConfigError("do_predict with data_dir: GLUE's test.tsv files have no labels to score; evaluate on the "
+                          "dev files (do_eval), or give --train_file/--validation_file/--test_file with labels")
     if model.lora_rank < 0:
         raise ConfigError(f"lora_rank: should be >= 0, got {model.lora_rank}")
     if not 0.0 <= model.lora_dropout < 1.0:
@@ -346,8 +363,9 @@ def check_together(model: ModelArguments, data: DataArguments, training: Trainin
 def check_data_plan(data: DataArguments, training: TrainingArguments) -> None:
     """The data files asked for match what the run will do (train, evaluate, predict)."""
     trains = training.do_train is not False
-    has_eval = bool(data.validation_file) or (bool(data.train_file) and data.validation_split_percentage > 0)
-    if trains and not data.train_file:
+    has_eval = bool(data.validation_file) or (bool(data.train_file) and data.validation_split_percentage > 0) \
+        or bool(data.data_dir)
+    if trains and not (data.train_file or data.data_dir):
         raise ConfigError("train_file is required: pass --train_file PATH (or --do_train false to evaluate only)")
     if not trains and not (has_eval or training.do_predict):
         raise ConfigError("do_train false leaves nothing to do: pass --validation_file (or --train_file with "

@@ -2,7 +2,8 @@
 
     --deepspeed ds.json  (or none: an empty config; read by config.read_config, the reader
                           zerotrain.initialize uses too)
-        key absent        -> the option's value is written in
+        key absent        -> the option's value is written in (gradient_accumulation_steps, unless
+                             set: train_batch_size / (micro batch x processes), DeepSpeed's triad)
         key "auto"        -> the option's value, through config.fill_auto (the one filler)
         key = value       -> must agree with the option if the user set that option,
                              otherwise the DeepSpeed value wins and the run uses it
@@ -100,6 +101,10 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     setter = lambda name: (lambda v: setattr(args, name, type(getattr(args, name))(v)))  # noqa: E731
     f.match(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", "per_device_train_batch_size",
             args.per_device_train_batch_size, setter("per_device_train_batch_size"))
+    tbs, micro = ds.get("train_batch_size"), args.per_device_train_batch_size * world_size
+    if "gradient_accumulation_steps" not in ds and "gradient_accumulation_steps" not in explicit and \
+            isinstance(tbs, int) and not isinstance(tbs, bool) and tbs >= micro and tbs % micro == 0:
+        args.gradient_accumulation_steps = tbs // micro  # DeepSpeed's triad: the two given imply the third
     f.match(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps",
             args.gradient_accumulation_steps, setter("gradient_accumulation_steps"))
     total = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size

@@ -19,6 +19,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     from .loop.trainer import Trainer, set_seed
     from .model import build as models
 
+    from .loop.glue_metrics import glue_metrics
     from .preflight import check_nodes, preflight
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
@@ -26,8 +27,9 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     preflight(model_args, data_args, train_args, explicit if explicit is not None else set(), comm.world_size)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
     positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
-    data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm)
-    num_labels = len(data.labels) if data.labels else None
+    data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm,
+                   need_train=train_args.do_train is not False)
+    num_labels = 1 if data.regression else len(data.labels) if data.labels else None
     set_seed(train_args.seed)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
                                      tokenizer, num_labels)
@@ -62,5 +64,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     trainer = Trainer(model, train_args, train, data.eval, task=model_args.task, tokenizer=tokenizer,
                       model_info=info, lora_config=lora_config, base_model=model_args.model_name_or_path,
                       num_labels=num_labels, block_size=data.block_size, mlm_probability=data_args.mlm_probability,
-                      callbacks=callbacks, explicit=explicit, test_dataset=data.test, label_names=data.labels)
+                      callbacks=callbacks, explicit=explicit, test_dataset=data.test, label_names=data.labels,
+                      compute_metrics=glue_metrics(data_args.task_name) if data_args.task_name else None,
+                      extra_eval_datasets=data.extra_eval)
     return trainer.train()

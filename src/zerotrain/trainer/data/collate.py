@@ -9,7 +9,8 @@ from ...errors import ConfigError
 
 class Collator:
     """Pads a list of samples into tensors: input_ids, attention_mask, labels (clm: the ids, -100
-    at padding; sft: the sample's labels, -100 at padding; classification: class ids). Packed
+    at padding; sft: the sample's labels, -100 at padding; classification: class ids, or float
+    targets for a regression), and token_type_ids when samples have them. Packed
     sft samples carry position_ids instead of a mask (see packing.py); padding then gets
     positions of its own, so no real token attends to it. MLM masking happens later, in the
     main process, so it draws from the RNG the checkpoints restore."""
@@ -27,8 +28,15 @@ class Collator:
             ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
         batch = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in samples[0]:  # sentence pairs: 0 for the first, 1 for the second, 0 at padding
+            types = torch.zeros((len(samples), longest), dtype=torch.long)
+            for i, s in enumerate(samples):
+                types[i, : len(s["token_type_ids"])] = torch.as_tensor(s["token_type_ids"], dtype=torch.long)
+            batch["token_type_ids"] = types
         if self.task == "classification":
-            batch["labels"] = torch.as_tensor([s["labels"] for s in samples], dtype=torch.long)
+            values = [s["labels"] for s in samples]
+            regression = isinstance(values[0], float)  # one output (GLUE STS-B): float targets for the MSE
+            batch["labels"] = torch.as_tensor(values, dtype=torch.float32 if regression else torch.long)
         elif self.task == "clm":
             batch["labels"] = ids.masked_fill(mask == 0, -100)
         elif self.task == "sft":

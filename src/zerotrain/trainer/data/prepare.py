@@ -6,6 +6,7 @@
         classification:   one truncated sequence per row + its label id
         sft:              one conversation per row, labels on the assistant's tokens (chat.py),
                           --packing: several per block (packing.py)
+        --task_name:      a GLUE task's files, sentence pairs encoded as pairs (glue.py)
     ─► save_to_disk(cache_dir/<key>)   key = hash of the data bytes, the tokenizer and these options
 
 Rank 0 does the work while the others wait, then every rank memory-maps the cached result;
@@ -35,6 +36,8 @@ class PreparedData:
     block_size: int
     test: object | None = None
     notes: list = field(default_factory=list)  # lines to show once (rows left out, and why)
+    extra_eval: dict = field(default_factory=dict)  # metric suffix -> dataset (GLUE MNLI mismatched: "mm")
+    regression: bool = False  # one output, MSE (GLUE STS-B)
 
 
 def default_cache_dir() -> Path:
@@ -168,7 +171,14 @@ def _read_sources(data_args, seed: int, numbered: bool = False):
 _WHAT = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
 
 
-def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target: Path, key: str) -> None:
+def _publish(tmp: Path, target: Path, meta: dict) -> None:
+    (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target: Path, key: str,
+           need_train: bool = True) -> None:
     import datasets
 
     from .chat import detect_format, sft_tokenize_fn
@@ -176,6 +186,13 @@ def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target:
 
     datasets.disable_progress_bars()
     task = model_args.task
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if data_args.task_name:
+        from .glue import build_glue
+
+        meta = build_glue(data_args, seed, tokenizer, block_size, tmp, key, need_train, _process)
+        return _publish(tmp, target, {**meta, "block_size": block_size})
     tables, documents = _read_sources(data_args, seed, numbered=task == "sft")
     path_of = {split: getattr(data_args, _WHAT[split]) or data_args.train_file for split in tables}
     formats = {}
@@ -201,8 +218,6 @@ def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target:
                                     f"{sorted(map(str, seen - set(labels)))[:5]}")
     index = {v: i for i, v in enumerate(labels)} if labels is not None else None
     workers = data_args.preprocessing_num_workers
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     dropped = {}
     for split, ds in tables.items():
         if ds is None:
@@ -226,13 +241,10 @@ def _build(model_args, data_args, seed: int, tokenizer, block_size: int, target:
                             f"{unit}); add data or {'raise' if task == 'sft' else 'lower'} --block_size")
         if len(out):
             out.save_to_disk(str(tmp / split))
-    (tmp / "meta.json").write_text(json.dumps({"labels": labels, "block_size": block_size, "dropped": dropped}),
-                                   encoding="utf-8")
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    _publish(tmp, target, {"labels": labels, "block_size": block_size, "dropped": dropped})
 
 
-def cache_key(model_args, data_args, seed: int, tokenizer, block_size: int) -> str:
+def cache_key(model_args, data_args, seed: int, tokenizer, block_size: int, need_train: bool = True) -> str:
     from .chat import template_text
 
     source = lambda name: fingerprint_source(getattr(data_args, name)) if getattr(data_args, name) else None  # noqa: E731
@@ -240,6 +252,10 @@ def cache_key(model_args, data_args, seed: int, tokenizer, block_size: int) -> s
              "text": data_args.text_column, "label": data_args.label_column, "seed": seed,
              "split": data_args.validation_split_percentage, "tok": _tokenizer_hash(tokenizer),
              "train": source("train_file"), "val": source("validation_file"), "test": source("test_file")}
+    if data_args.task_name:
+        from .glue import glue_key
+
+        parts.update(glue=glue_key(data_args, need_train))
     if model_args.task == "sft":
         template = template_text(data_args.chat_template) or getattr(tokenizer, "chat_template", None)
         parts.update(fmt=data_args.sft_format, template=template, prompt=data_args.train_on_prompt,
@@ -247,11 +263,13 @@ def cache_key(model_args, data_args, seed: int, tokenizer, block_size: int) -> s
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | None, comm) -> PreparedData:
-    """Tokenized datasets for this run; every rank returns the same (memory-mapped) data."""
+def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | None, comm,
+            need_train: bool = True) -> PreparedData:
+    """Tokenized datasets for this run; every rank returns the same (memory-mapped) data.
+    `need_train` false (evaluating only) lets a GLUE folder go without train.tsv."""
     import datasets
 
-    if not (data_args.train_file or data_args.validation_file or data_args.test_file):
+    if not (data_args.train_file or data_args.validation_file or data_args.test_file or data_args.data_dir):
         raise ConfigError("train_file is required: pass --train_file PATH")
     block_size = resolve_block_size(data_args.block_size, max_positions)
     cache = Path(data_args.cache_dir).expanduser() if data_args.cache_dir else default_cache_dir()
@@ -262,11 +280,11 @@ def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | No
                 value = getattr(data_args, name)
                 if value and not Path(value).expanduser().exists():
                     raise DataError(f"{name} {value}: does not exist")
-            key = cache_key(model_args, data_args, seed, tokenizer, block_size)
+            key = cache_key(model_args, data_args, seed, tokenizer, block_size, need_train)
             target = cache / key
             if overwrite or not (target / "meta.json").is_file():
                 cache.mkdir(parents=True, exist_ok=True)
-                _build(model_args, data_args, seed, tokenizer, block_size, target, key)
+                _build(model_args, data_args, seed, tokenizer, block_size, target, key, need_train)
             return "ok", str(target)
         except (DataError, ConfigError) as e:
             return type(e).__name__, str(e)
@@ -290,5 +308,9 @@ def prepare(model_args, data_args, seed: int, tokenizer, max_positions: int | No
         if loaded[split] is not None and limit is not None:
             loaded[split] = loaded[split].select(range(min(limit, len(loaded[split]))))
     notes = [f"{_WHAT[split]}: {n} conversation{'s' if n > 1 else ''} left out: no assistant token within "
-             f"block_size {block_size}" for split, n in meta.get("dropped", {}).items() if n]
-    return PreparedData(loaded["train"], loaded["validation"], meta["labels"], block_size, loaded["test"], notes)
+             f"block_size {block_size}" for split, n in meta.get("dropped", {}).items() if n] + meta.get("notes", [])
+    from .glue import EXTRA_EVAL
+
+    extra = {EXTRA_EVAL[split]: datasets.load_from_disk(str(target / split)) for split in meta.get("extra", [])}
+    return PreparedData(loaded["train"], loaded["validation"], meta["labels"], block_size, loaded["test"], notes,
+                        extra, meta.get("regression", False))

@@ -7,6 +7,9 @@ that vector gives exact job-wide numbers however the eval set was split.
     clm, sft        eval_loss, eval_perplexity (next-token cross-entropy; sft: over assistant tokens)
     mlm             eval_loss, eval_perplexity, eval_accuracy (at masked positions)
     classification  eval_loss, eval_accuracy, eval_f1 (binary: class 1; more classes: macro)
+                    one output: a regression, eval_loss is the mean squared error
+    compute_metrics eval_loss, then what it returns from the whole set's outputs and labels,
+                    gathered from every rank (the GLUE metrics, glue_metrics.py)
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ def eval_sums(task: str, logits: torch.Tensor, batch: dict, valid: torch.Tensor,
     logits = logits.float()
     labels = batch["labels"]
     extra = torch.zeros(3 * num_labels, dtype=torch.float64)
+    if task == "classification" and logits.shape[-1] == 1:  # regression
+        keep = valid.bool()
+        loss = F.mse_loss(logits[keep][:, 0], labels[keep].float(), reduction="sum")
+        return torch.cat([torch.tensor([loss.item(), float(keep.sum()), 0.0], dtype=torch.float64), extra])
     if task == "classification":
         keep = valid.bool()
         logits, labels = logits[keep], labels[keep]
@@ -54,12 +61,14 @@ def eval_sums(task: str, logits: torch.Tensor, batch: dict, valid: torch.Tensor,
     return torch.cat([torch.tensor(head, dtype=torch.float64), extra])
 
 
-def finish(task: str, sums: torch.Tensor, num_labels: int) -> dict[str, float]:
+def finish(task: str, sums: torch.Tensor, num_labels: int, loss_only: bool = False) -> dict[str, float]:
     loss_sum, count, correct = sums[:3].tolist()
     if count == 0:
         return {}
     loss = loss_sum / count
     out = {"eval_loss": loss}
+    if loss_only or (task == "classification" and num_labels == 1):
+        return out
     if task in ("clm", "sft", "mlm"):
         out["eval_perplexity"] = math.exp(min(loss, 700.0))
     if task in ("mlm", "classification"):
@@ -74,12 +83,12 @@ def finish(task: str, sums: torch.Tensor, num_labels: int) -> dict[str, float]:
 
 def evaluate(engine, dataset, *, collator, keys, task: str, num_labels: int, batch_size: int, workers: int,
              seed: int, tokenizer=None, mlm_probability: float = 0.15, prefix: str = "eval",
-             predictions: list | None = None) -> dict[str, float]:
+             predictions: list | None = None, compute_metrics=None) -> dict[str, float]:
     """Metrics over the whole set, the same on every rank (every rank must call this: the eval
     sampler pads each rank to the same number of forwards, which ZeRO-3's gathers need), named
     `<prefix>_loss` and so on. `<prefix>_runtime` is the pass's seconds, which training's
     tokens_per_s leaves out. Classification with `predictions` (a list): rank 0 gets there
-    the predicted class of every sample, in the dataset's order."""
+    the predicted class (a regression: the score) of every sample, in the dataset's order."""
     start = time.perf_counter()
     comm = engine.comm
     sampler = EvalSampler(len(dataset), comm.rank, comm.world_size)
@@ -87,13 +96,14 @@ def evaluate(engine, dataset, *, collator, keys, task: str, num_labels: int, bat
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator, num_workers=workers)
     generator = torch.Generator().manual_seed(seed)  # the same masks at every evaluation
     sums, pos = torch.zeros(3 + 3 * num_labels, dtype=torch.float64), 0
-    mine = []  # (sample index, predicted class) of this rank's valid samples
+    mine = []  # (sample index, outputs, label) of this rank's valid samples
+    collect = task == "classification" and (predictions is not None or compute_metrics is not None)
     engine.eval()
     with torch.no_grad():
         for batch in loader:
             n = len(batch["input_ids"])
             ok = torch.tensor(valid[pos: pos + n])
-            if predictions is not None and task == "classification":
+            if collect:
                 picked = [comm.rank + (pos + k) * comm.world_size for k in range(n) if valid[pos + k]]
                 pos += n
             else:
@@ -104,13 +114,18 @@ def evaluate(engine, dataset, *, collator, keys, task: str, num_labels: int, bat
             logits = logits_of(engine(**inputs)).cpu()
             sums += eval_sums(task, logits, batch, ok, num_labels)
             if picked is not None:
-                mine += zip(picked, logits[ok.bool()].argmax(-1).tolist())
+                mine += zip(picked, logits[ok.bool()].float().tolist(), batch["labels"][ok.bool()].tolist())
     engine.train()
     comm.all_reduce(sums)
-    if predictions is not None and task == "classification":
-        everyone = comm.all_gather_object(mine)
-        predictions.extend(label for _, label in sorted(pair for part in everyone for pair in part))
-    metrics = finish(task, sums, num_labels)
+    metrics = finish(task, sums, num_labels, loss_only=compute_metrics is not None)
+    if collect:
+        rows = sorted((row for part in comm.all_gather_object(mine) for row in part), key=lambda r: r[0])
+        outputs = torch.tensor([r[1] for r in rows], dtype=torch.float64).reshape(len(rows), -1)
+        labels = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+        if predictions is not None:
+            predictions.extend(outputs[:, 0].tolist() if num_labels == 1 else outputs.argmax(-1).tolist())
+        if compute_metrics is not None and metrics:
+            metrics.update({f"eval_{k}": v for k, v in compute_metrics(outputs, labels).items()})
     if not metrics:
         return metrics
     metrics["eval_runtime"] = round(time.perf_counter() - start, 3)

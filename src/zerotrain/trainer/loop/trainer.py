@@ -73,7 +73,8 @@ class Trainer(SavesAndResumes):
                  task: str = "clm", tokenizer=None, data_collator=None, model_info: ModelInfo | None = None,
                  lora_config: dict | None = None, base_model: str | None = None, num_labels: int | None = None,
                  block_size: int | None = None, mlm_probability: float = 0.15, callbacks=(),
-                 explicit: set[str] | None = None, test_dataset=None, label_names: list | None = None):
+                 explicit: set[str] | None = None, test_dataset=None, label_names: list | None = None,
+                 compute_metrics=None, extra_eval_datasets: dict | None = None):
         self.args, self.task, self.tokenizer = args, task, tokenizer
         self.model, self.lora_config, self.base_model = model, lora_config, base_model
         self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom", task,
@@ -82,6 +83,8 @@ class Trainer(SavesAndResumes):
         self.mlm_probability, self.callbacks = mlm_probability, list(callbacks)
         self.train_dataset, self.eval_dataset, self.test_dataset = train_dataset, eval_dataset, test_dataset
         self.label_names = label_names  # classification: class id -> the data's label, for predictions.jsonl
+        # HF's compute_metrics(outputs, labels) over the whole eval set; more eval sets by metric suffix (MNLI "mm")
+        self.compute_metrics, self.extra_eval = compute_metrics, dict(extra_eval_datasets or {})
         self.comm = Comm(init_parallel(timeout_s=args.ddp_timeout))
         self.rank0 = self.comm.rank == 0
         self.output_dir = Path(args.output_dir).expanduser()
@@ -304,6 +307,8 @@ class Trainer(SavesAndResumes):
             return {}
         with self.clock.paused():
             metrics = self._evaluate(self.eval_dataset)
+            for suffix, dataset in self.extra_eval.items():  # run_glue's names: eval_accuracy_mm
+                metrics.update({f"{k}_{suffix}": v for k, v in self._evaluate(dataset).items()})
         step = self.engine.global_steps
         self.last_eval = {"step": step, **metrics}
         if self.plateau is not None and "eval_loss" in metrics:
@@ -326,7 +331,8 @@ class Trainer(SavesAndResumes):
         return evaluate(self.engine, dataset, collator=self.collator, keys=self.keys, task=self.task,
                         num_labels=self.num_labels, batch_size=args.per_device_eval_batch_size,
                         workers=args.dataloader_num_workers, seed=args.seed, tokenizer=self.tokenizer,
-                        mlm_probability=self.mlm_probability, prefix=prefix, predictions=predictions)
+                        mlm_probability=self.mlm_probability, prefix=prefix, predictions=predictions,
+                        compute_metrics=self.compute_metrics)
 
     def predict(self, dataset) -> dict:
         """test_* metrics over `dataset` (HF's predict); classification also writes the predicted

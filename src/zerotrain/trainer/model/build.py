@@ -20,6 +20,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
+from ...models.bert import bert_config_keys, is_bert_recipe_config
 
 log = logging.getLogger("zerotrain")
 
@@ -31,6 +32,10 @@ PRESETS = {
     "gpt-small": {"zerotrain_model": "gpt", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 256},
     "bert-tiny": {"zerotrain_model": "bert", "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128},
     "bert-small": {"zerotrain_model": "bert", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 256},
+    # the PLD recipe's BERT-Base shape (Pre-LN); the vocabulary comes from the tokenizer
+    "bert-base": {"zerotrain_model": "bert", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": 3072,
+                  "n_positions": 512, "type_vocab_size": 2, "dropout": 0.1, "attn_dropout": 0.1,
+                  "activation": "gelu", "init_std": 0.02},
     "gpt2-tiny": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128},
     "llama-tiny": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128},
@@ -72,6 +77,8 @@ def _build_ours(spec: dict, task: str, tokenizer, num_labels: int | None) -> tup
     if name not in _OURS:
         raise ConfigError(f"zerotrain_model: should be gpt or bert, got {name!r}")
     cfg_cls, heads = _OURS[name]
+    if name == "bert":
+        spec = bert_config_keys(spec)
     if task not in heads:
         raise ConfigError(f"task {task}: the zerotrain {name} model supports {', '.join(heads)}; use "
                           f"{'a bert model' if name == 'gpt' else 'a gpt model'} or an HF config")
@@ -81,7 +88,11 @@ def _build_ours(spec: dict, task: str, tokenizer, num_labels: int | None) -> tup
         raise ConfigError(f"model_config: unknown key {unknown[0]!r} for the zerotrain {name} model; "
                           f"keys are {', '.join(sorted(names))}")
     if tokenizer is not None:
-        spec["vocab_size"] = len(tokenizer)
+        given = spec.get("vocab_size")
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < len(tokenizer)):
+            raise ConfigError(f"model_config: vocab_size {given!r} is smaller than the tokenizer's {len(tokenizer)} "
+                              "tokens; raise it, or leave it out to take the tokenizer's")
+        spec["vocab_size"] = given or len(tokenizer)  # a larger vocabulary than the tokenizer's is kept
     if task == "classification" and num_labels:
         spec["num_labels"] = num_labels
     cfg = cfg_cls(**spec)
@@ -159,7 +170,10 @@ def build_model(model_name_or_path: str | None, model_config: str | None, task: 
         return _build_ours(spec, task, tokenizer, num_labels)
     if "model_type" in spec:
         return _build_hf_from_config(spec, task, tokenizer, num_labels)
-    raise ConfigError("model_config: needs \"model_type\" (an HF config) or \"zerotrain_model\": gpt|bert")
+    if is_bert_recipe_config(spec):  # the PLD recipe's bert_model_config: our Pre-LN BERT
+        return _build_ours({"zerotrain_model": "bert", **spec}, task, tokenizer, num_labels)
+    raise ConfigError("model_config: needs \"model_type\" (an HF config), \"zerotrain_model\": gpt|bert, or BERT "
+                      "config keys (hidden_size, num_hidden_layers, ...)")
 
 
 # ---- folders -------------------------------------------------------------------------------
@@ -207,7 +221,14 @@ def _tied_aliases(model: nn.Module) -> set[str]:
 
 
 def load_matching(model: nn.Module, state: dict, source: str, strict: bool = False) -> tuple[list, list]:
-    """load_state_dict(strict=False) that ignores tied copies and says what did not match."""
+    """load_state_dict(strict=False) that ignores tied copies and says what did not match; a
+    weight of another shape is an error naming it (torch would raise a page of size mismatches)."""
+    own = model.state_dict()
+    for name, tensor in state.items():
+        if name in own and tuple(own[name].shape) != tuple(tensor.shape):
+            raise ConfigError(f"{source}: {name} has shape {tuple(tensor.shape)} there and {tuple(own[name].shape)} in "
+                              "this model; build the model with the config (and tokenizer) those weights were "
+                              "trained with")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k not in _tied_aliases(model)]
     if strict and (missing or unexpected):
