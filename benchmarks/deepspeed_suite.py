@@ -148,10 +148,32 @@ DIFFERENCES: list[tuple[str, str, str]] = [
 
 
 def _unsupported_keys(src: Path) -> frozenset[str]:
+    """Every dotted config key zerotrain refuses by name (its `refused` fields, any spelling)."""
     sys.path.insert(0, str(src))
-    from zerotrain.config import UNSUPPORTED_KEYS
+    from pydantic import BaseModel
 
-    return UNSUPPORTED_KEYS
+    from zerotrain.config import REFUSED, ZeroTrainConfig
+    from zerotrain.config.base import field_class, spellings
+
+    found: set[str] = set()
+
+    def walk(model: type, prefix: str, seen: tuple) -> None:
+        for name, info in model.model_fields.items():
+            keys = [prefix + k for k in spellings(name, model)]
+            if field_class(info).get("effect") == REFUSED:
+                found.update(keys)
+            for sub in _models_in(info.annotation):
+                if sub not in seen:
+                    for k in keys:
+                        walk(sub, k + ".", seen + (sub,))
+
+    def _models_in(annotation) -> list:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for a in getattr(annotation, "__args__", ()) for m in _models_in(a)]
+
+    walk(ZeroTrainConfig, "", (ZeroTrainConfig,))
+    return frozenset(found)
 
 
 # ---------------------------------------------------------------------------------- copying
@@ -276,9 +298,9 @@ def _absent_reason(chain: list[dict]) -> tuple[str | None, str | None]:
 
 def _refused_key(chain: list[dict], unsupported: frozenset[str]) -> str | None:
     for entry in chain:
-        m = re.search(r"(\w+): DeepSpeed option not supported by zerotrain", entry["message"])
-        if m and (m.group(1) in unsupported or m.group(1).startswith("zero_quantized_")):
-            return m.group(1)
+        for m in re.finditer(r"((?:\w+\.)*\w+): [^\n]*?; remove it", entry["message"]):
+            if m.group(1) in unsupported:
+                return m.group(1)
     return None
 
 

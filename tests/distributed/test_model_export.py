@@ -21,7 +21,7 @@ def train_and_export(stage: int, folder: str, name: str) -> list[str]:
         engine.backward(engine(mine, labels=mine))
         engine.step()
     engine.save_16bit_model(folder, name)
-    sharded = [n for n, p in engine.module.named_parameters() if p.numel() == 0]
+    sharded = [n for n, p in engine.module.named_parameters() if p.untyped_storage().nbytes() == 0]
     engine.destroy()
     return sharded
 
