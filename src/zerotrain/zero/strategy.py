@@ -47,7 +47,7 @@ class ZeroStrategy(ABC):
                  compute_dtype: torch.dtype, device, *, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
                  prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
                  overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22,
-                 accumulation_dtype: torch.dtype | None = None):
+                 accumulation_dtype: torch.dtype | None = None, optimizer_state_bytes: int = 8):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.device = torch.device(device)
@@ -65,6 +65,8 @@ class ZeroStrategy(ABC):
         #: the dtype gradients accumulate in across micro-steps (data_types.grad_accum_dtype):
         #: the compute dtype unless accumulation (gradient_accumulation_steps > 1) asks for fp32
         self.accumulation_dtype = accumulation_dtype or compute_dtype
+        self.optimizer_state_bytes = optimizer_state_bytes  # per element, for the NVMe space check
+        self._space_checked = False  # stage 3 checks NVMe room before its parameter files exist
         #: each group's parameters in layout order: reverse registration, so the ones whose
         #: gradients arrive first in backward sit together and a bucket is a plain slice
         self.ordered = [sorted(g["params"], key=lambda p: -registration[id(p)]) for g in param_groups]
@@ -91,8 +93,11 @@ class ZeroStrategy(ABC):
         gradient `grads[i]` (a view of a gradient buffer) or fresh zeros; when separate they
         are made with the optimizer (build_optimizer), and the gradients the step reads are
         `grads[i]` or fresh shards in the accumulation dtype where the optimizer steps."""
+        numels = [model.numel() if torch.is_tensor(model) else model.numel for model in models]
+        if self.separate_masters and not self._space_checked:
+            self.offload.check_space(sum(numels), self.optimizer_state_bytes)
         for i, model in enumerate(models):
-            numel = model.numel() if torch.is_tensor(model) else model.numel
+            numel = numels[i]
             grad = grads[i] if grads is not None else None
             if self.separate_masters:
                 if grad is None:
@@ -225,7 +230,7 @@ class ZeroStrategy(ABC):
         """This rank's share of what the module state dict does not hold (separate fp32 masters)."""
         if self.stepper is None:
             return {}
-        return {"masters": [self.stepper.master(gi).detach().clone() for gi in range(self.trained_groups)]}
+        return {"masters": [self.stepper.master_state(gi) for gi in range(self.trained_groups)]}
 
     def load_masters(self, state: dict) -> bool:
         """Separate masters from a checkpoint's strategy state (or, when it has none, from the
