@@ -262,6 +262,12 @@ def test_offload_checkpoint_resume_gives_identical_losses(world2, tmp_path, name
     for f, r in zip(full, resumed):
         assert r["losses"] == f["losses"][3:]
         assert_params_close(r["params"], f["params"], rtol=0)
+    if name == "stage3-nvme-nvme":  # the swap files went into the checkpoint whole, and consolidate reads them
+        from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+
+        assert list((tmp_path / "ckpt").rglob("*.[0-9]*.bin")), "NVMe state should be copied as files"
+        at_save = world2.run(train, cfg, 3, 4, load=(str(tmp_path / "ckpt"), None))[0]["params"]
+        assert_params_close(consolidate_checkpoint(tmp_path / "ckpt"), at_save, rtol=0)
 
 
 def peak_rss_of_training(folder: str | None) -> dict:
