@@ -31,6 +31,12 @@ def read_deepspeed(value) -> dict:
     return {} if value is None else read_config(value)
 
 
+def zero_stage(value) -> int:
+    """The ZeRO stage a --deepspeed config asks for (0 without one)."""
+    stage = read_deepspeed(value).get("zero_optimization", {}).get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
 def model_hidden_size(model) -> int | None:
     """The hidden size HF's "auto" bucket sizes are computed from (the largest of
     `hidden_sizes` for models that have several), read from the model's config."""
