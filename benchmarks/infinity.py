@@ -75,14 +75,17 @@ def worker(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     t0 = time.perf_counter()
     torch.manual_seed(0)
-    with zerotrain.zero.Init():
+    config = ds_config(args, args.offload, args.nvme_path)
+    with zerotrain.zero.Init(config_dict_or_path=config):  # chunks kept in the config's bf16, as DeepSpeed's
         model = GPT(GPTConfig(**model_config(args)))
-    engine, *_ = zerotrain.initialize(model=model, config=ds_config(args, args.offload, args.nvme_path))
+    engine, *_ = zerotrain.initialize(model=model, config=config)
     start = 0
     if args.load:
         engine.load_checkpoint(args.load)
         start = engine.global_steps
     init = {"s": time.perf_counter() - t0, "hwm_kib": _kib("VmHWM")}
+    if rank == 0:
+        print(f"  initialized in {init['s']:.1f} s, VmHWM {init['hwm_kib'] / (1 << 20):.2f} GiB", flush=True)
     losses, times = [], []
     for step in range(start, args.steps):
         g = torch.Generator().manual_seed(1000 + step * world + rank)
@@ -95,6 +98,9 @@ def worker(args) -> None:
         torch.distributed.all_reduce(mean)
         losses.append(mean.item() / world)
         times.append(time.perf_counter() - t)
+        if rank == 0:
+            print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {_kib('VmHWM') / (1 << 20):.2f} GiB",
+                  flush=True)
         if args.save and engine.global_steps == args.save_at:
             engine.save_checkpoint(args.save)
             if args.kill:

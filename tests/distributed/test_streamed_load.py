@@ -29,10 +29,10 @@ def _save(kind: str, folder: str) -> None:
 
 
 def train_loaded(folder: str, stage: int, partitioned: bool) -> dict:
-    from zerotrain.trainer.model.build import load_model
+    from zerotrain.trainer.model.build import Partition, load_model
 
     rank, world = rank_and_world()
-    model, _ = load_model(folder, "clm", partition=(rank, world) if partitioned else None)
+    model, _ = load_model(folder, "clm", partition=Partition(rank, world) if partitioned else None)
     whole = sum(p.untyped_storage().nbytes() for p in model.parameters() if p.requires_grad)
     micro = 4 // world
     cfg = base_config(4, micro, zero_optimization={"stage": stage, "stage3_param_persistence_threshold": 0})

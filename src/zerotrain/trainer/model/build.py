@@ -45,6 +45,16 @@ _OURS = {"gpt": (GPTConfig, {"clm": GPT, "sft": GPT}),
          "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
 
 
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """ZeRO stage 3's cut of a model being loaded: this rank, of how many, its chunks kept in
+    which dtype (None: as built)."""
+
+    rank: int
+    world_size: int
+    dtype: torch.dtype | None = None
+
+
 @dataclasses.dataclass
 class ModelInfo:
     """What the rest of the run needs to know about the model."""
@@ -162,9 +172,9 @@ def check_model_source(model_name_or_path: str | None, model_config: str | None)
 
 
 def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
-                num_labels: int | None = None, partition: tuple[int, int] | None = None) -> tuple[nn.Module, ModelInfo]:
-    """`partition` (rank, world size): ZeRO stage 3, where a saved model is built under
-    zero.Init and its weights streamed into each rank's chunks (streamed_load.py)."""
+                num_labels: int | None = None, partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
+    """`partition`: ZeRO stage 3, where a saved model is built under zero.Init and its weights
+    streamed into each rank's chunks (streamed_load.py)."""
     check_model_source(model_name_or_path, model_config)
     if model_name_or_path:
         return load_model(model_name_or_path, task, num_labels, partition)
@@ -196,7 +206,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path_text: str, task: str, num_labels: int | None = None,
-               partition: tuple[int, int] | None = None) -> tuple[nn.Module, ModelInfo]:
+               partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
     check_model_source(path_text, None)
     folder = Path(path_text).expanduser()
     if (folder / OURS_FILE).is_file():
@@ -209,7 +219,7 @@ def load_model(path_text: str, task: str, num_labels: int | None = None,
             model, info = _build_ours(spec, task, None, None)
             load_matching(model, read_weights(folder), str(folder), strict=strict)
             return model, info
-        with Init():
+        with Init(dtype=partition.dtype):
             model, info = _build_ours(spec, task, None, None)
         _stream(model, folder, partition, strict)
         return model, info
@@ -221,7 +231,7 @@ def load_model(path_text: str, task: str, num_labels: int | None = None,
             import transformers
 
             config = transformers.AutoConfig.from_pretrained(str(folder), **kwargs)
-            with Init():
+            with Init(dtype=partition.dtype):
                 model = _hf_class(task).from_config(config)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model_name_or_path {folder}: cannot load ({str(e).splitlines()[0]})") from None
@@ -230,10 +240,10 @@ def load_model(path_text: str, task: str, num_labels: int | None = None,
     return model, _hf_info(model, task)
 
 
-def _stream(model: nn.Module, folder: Path, partition: tuple[int, int], strict: bool) -> None:
+def _stream(model: nn.Module, folder: Path, partition: Partition, strict: bool) -> None:
     from .streamed_load import stream_weights
 
-    missing, unexpected = stream_weights(model, folder, *partition)
+    missing, unexpected = stream_weights(model, folder, partition.rank, partition.world_size)
     if strict and (missing or unexpected):
         raise ConfigError(f"{folder}: weights do not match the model (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
