@@ -4,7 +4,8 @@
 
 The model: zerotrain's GPT, n_embd 2048, 24 layers, 16 heads, vocabulary 8192, 64 positions
 (1.23B parameters), built under `zerotrain.zero.Init()`, bf16, AdamW, ZeRO stage 3 with
-`offload_param` and `offload_optimizer` on nvme, micro batch 1 x 64 tokens per rank. One job
+`offload_param` and `offload_optimizer` on nvme, stage3_max_live_parameters and
+stage3_max_reuse_distance 1e8, micro batch 1 x 64 tokens per rank. One job
 at a time (each takes most of the machine), every job a torchrun of 2 processes:
 
   nvme       3 steps; peak resident memory per rank (VmHWM) at the end of initialize and of the
@@ -55,7 +56,10 @@ def model_config(args) -> dict:
 
 
 def ds_config(args, offload: str, nvme: str) -> dict:
-    zero = {"stage": 3, "stage3_param_persistence_threshold": 0,
+    # the live and reuse windows at 1e8 elements (200 MB of bf16) instead of DeepSpeed's default
+    # 1e9, which at this size keeps 2 GB of gathered layers whole between forward and backward
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 1e8,
+            "stage3_max_reuse_distance": 1e8,
             "offload_optimizer": {"device": offload, **({"nvme_path": nvme} if offload == "nvme" else {})},
             "offload_param": {"device": offload, **({"nvme_path": nvme} if offload == "nvme" else {})}}
     return {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
@@ -126,6 +130,13 @@ def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SRC))
 
 
+def _freeze_source(work: Path) -> None:
+    """Every job runs the source as it was when the run started (edits meanwhile cannot mix)."""
+    global SRC
+    shutil.copytree(SRC, work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    SRC = work / "src"
+
+
 def torchrun(args, offload: str, out: Path, **flags) -> tuple[int, float]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            __file__, "--worker", "--offload", offload, "--out", str(out), "--nvme-path", args.nvme_path,
@@ -173,6 +184,7 @@ def main() -> int:
         worker(args)
         return 0
     work = Path(tempfile.mkdtemp(prefix="zt-infinity-", dir=args.nvme_path and str(Path(args.nvme_path).parent)))
+    _freeze_source(work)
     args.nvme_path = args.nvme_path or str(work / "swap")
     Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
     ok = True

@@ -24,6 +24,7 @@ from .layout import cut
 from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
 from .param_shard_store import ParamStore
+from .host_memory import release_freed_memory
 from .stage3_gather import Gatherer, ShardedGroup
 from .stage3_schedule import GatherSchedule
 from .strategy import ZeroStrategy
@@ -62,6 +63,7 @@ class ShardedParameters(ZeroStrategy):
             store = ParamStore(fg.shard_numel, compute_dtype, param_kind, device, folder, f"params.group{gi}", pin)
             fg.fill(store.write, rank, compute_dtype)
             self.stores.append(store)
+        release_freed_memory()  # the chunks just moved out, before the gradient shards come in
         # separate masters are read from the stores (and written back to them at each step);
         # otherwise the step writes the stored shard itself
         self._make_masters([store if self.separate_masters else store.tensor

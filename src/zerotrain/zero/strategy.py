@@ -155,7 +155,7 @@ class ZeroStrategy(ABC):
         """Global L2 norm of the averaged, unscaled gradients; inf/nan on any rank's overflow
         reaches every rank (the same decision everywhere). The first call of a step."""
         self.take_assigned_grads()
-        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.reduced_grads()])
+        norms = torch.stack([fp32_norm(g) for g in self.reduced_grads()])
         if not self.shards_optimizer:
             return float(torch.linalg.vector_norm(norms)) / loss_scale
         squares = (norms.double() ** 2).sum().reshape(1)
@@ -309,3 +309,16 @@ def refuse_assigned_grads(strategy: ZeroStrategy, groups) -> None:
                     f"(shape {tuple(p.grad.shape)}); this stage has already reduced and sharded the gradients, so "
                     "the step would ignore it. Change gradients before they are reduced (a hook: "
                     "p.register_hook(fn)), or use ZeRO stage 0 or 1, whose step reads p.grad")
+
+
+_NORM_BLOCK = 1 << 22
+
+
+def fp32_norm(g: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of `g` accumulated in fp32. torch casts the whole tensor first (an fp32 copy
+    of a bf16 shard, 2 GB at a billion parameters across 2 ranks): low-precision tensors larger
+    than a block go a block at a time."""
+    if g.dtype == torch.float32 or g.numel() <= _NORM_BLOCK:
+        return torch.linalg.vector_norm(g, dtype=torch.float32)
+    blocks = [torch.linalg.vector_norm(b, dtype=torch.float32) for b in g.reshape(-1).split(_NORM_BLOCK)]
+    return torch.linalg.vector_norm(torch.stack(blocks))
