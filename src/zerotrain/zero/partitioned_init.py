@@ -99,7 +99,8 @@ class Init:
         self.comm.broadcast(p.data, src=src)
         make_partitioned(p, self, p.shape)
         chunk = cut(p.data.reshape(-1), self.comm.world_size)[self.comm.rank]
-        p.zt_chunk = chunk.to(self.dtype) if self.dtype is not None and p.is_floating_point() else chunk.clone()
+        dtype = self.dtype if self.dtype is not None and p.is_floating_point() else p.dtype
+        p.zt_chunk = chunk.to(dtype, copy=True)  # a copy: a view would keep the whole tensor alive
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def _glue(self, p: nn.Parameter) -> None:
