@@ -23,6 +23,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 
 
+class DiskFullError(OSError):
+    """An offload or checkpoint file could not be written: its disk filled up during the run
+    (the start-up check saw enough room, something else took it)."""
+
+
 class NonFiniteStepsError(RuntimeError):
     """Too many optimizer steps in a row had non-finite gradients. The parameters and optimizer
     state are still those of `last_good_step` (skipped steps change neither), so saving a

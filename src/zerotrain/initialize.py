@@ -149,6 +149,13 @@ def _layout(model, comm, mpu) -> Layout:
     return plain_layout(model, comm)
 
 
+def _state_bytes(cfg) -> int:
+    """Optimizer state bytes per element, for the NVMe space check (Adam's 8 when unknown)."""
+    from .zero.estimate import OPTIMIZER_BYTES
+
+    return OPTIMIZER_BYTES.get(cfg.optimizer.type.lower(), 8) if cfg.optimizer is not None else 8
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -189,7 +196,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     strategy = build_strategy(cfg.zero_optimization, model, groups, registration, data, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
-                              accumulation_dtype=_accumulation_dtype(cfg, compute_dtype))
+                              accumulation_dtype=_accumulation_dtype(cfg, compute_dtype),
+                              optimizer_state_bytes=_state_bytes(cfg))
     strategy = layout.wrap(strategy)  # the norm over the other parts of the model, if any
 
     if optimizer is not None:

@@ -17,7 +17,8 @@ from safetensors.torch import load_file as load_safetensors
 
 import zerotrain
 from scenarios import base_config, global_batch, rank_and_world, tiny_gpt, train
-from zerotrain.checkpoint.consolidate import consolidate_checkpoint, save_safetensors
+from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+from zerotrain.checkpoint.safetensors_out import save_safetensors
 from zerotrain.cli import main
 from zerotrain.errors import CheckpointError, ConfigError
 from zerotrain.zero.estimate import CATEGORIES, PLACES

@@ -236,7 +236,7 @@ def nvme_bytes_after_a_step(folder: str) -> dict:
     x = global_batch(0, 4)[rank * 2 : rank * 2 + 2]
     engine.backward(engine(x, labels=x))
     engine.step()
-    mine = __import__("pathlib").Path(folder).glob(f"zerotrain-rank{rank}-*/*.bin")
+    mine = __import__("pathlib").Path(folder).glob(f"zerotrain-*-rank{rank}-*/*.bin")
     on_disk = sum(f.stat().st_size for f in mine)
     return {"breakdown": engine.memory_breakdown(), "on_disk": on_disk,
             "shard_numel": sum(g.numel for g in engine.strategy.stepper.groups)}
@@ -255,12 +255,19 @@ def test_nvme_offload_puts_optimizer_state_and_params_in_files(world2, tmp_path)
 
 @pytest.mark.parametrize("name", ["stage2-nvme", "stage3-nvme-nvme"])
 def test_offload_checkpoint_resume_gives_identical_losses(world2, tmp_path, name):
+    (tmp_path / "swap").mkdir()
     cfg = offload_config(name, str(tmp_path / "swap"))
     full = world2.run(train, cfg, 6, 4, save=(str(tmp_path / "ckpt"), 3))
     resumed = world2.run(train, cfg, 6, 4, load=(str(tmp_path / "ckpt"), None))
     for f, r in zip(full, resumed):
         assert r["losses"] == f["losses"][3:]
         assert_params_close(r["params"], f["params"], rtol=0)
+    if name == "stage3-nvme-nvme":  # the swap files went into the checkpoint whole, and consolidate reads them
+        from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+
+        assert list((tmp_path / "ckpt").rglob("*.[0-9]*.bin")), "NVMe state should be copied as files"
+        at_save = world2.run(train, cfg, 3, 4, load=(str(tmp_path / "ckpt"), None))[0]["params"]
+        assert_params_close(consolidate_checkpoint(tmp_path / "ckpt"), at_save, rtol=0)
 
 
 def peak_rss_of_training(folder: str | None) -> dict:

@@ -116,3 +116,25 @@ def modify_on_one_rank(offload: str) -> dict:
 def test_gathered_parameters_modifier_rank_reaches_every_rank(world2, offload):
     for r in world2.run(modify_on_one_rank, offload):
         assert r["numel"] > 0 and r["all_half"]
+
+
+def chunk_bytes_under_init(dtype_name: str) -> list[tuple[str, int, int]]:
+    """(name, bytes its chunk's storage holds, bytes the chunk needs) of a GPT built under
+    zero.Init in `dtype`, whose weights were initialised through module.apply (glued, cut)."""
+    import torch
+
+    import zerotrain
+    from scenarios import tiny_gpt
+
+    with zerotrain.zero.Init(dtype=getattr(torch, dtype_name)):
+        model = tiny_gpt()
+    return [(n, p.zt_chunk.untyped_storage().nbytes(), p.zt_chunk.numel() * p.zt_chunk.element_size())
+            for n, p in model.named_parameters()]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_init_chunks_hold_only_themselves(world2, dtype):
+    """A chunk must be a copy: a view of the whole parameter would keep all of it alive."""
+    for rank in world2.run(chunk_bytes_under_init, dtype):
+        for name, held, needed in rank:
+            assert held == needed, f"{name}: its chunk keeps {held} bytes alive for {needed}"

@@ -17,14 +17,14 @@ weights there). Buffers and frozen parameters always come from the module state.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from ..zero.layout import GroupLayout, fill_from_piece
+from ..errors import CheckpointError
+from ..zero.layout import GroupLayout
+from .safetensors_out import save_safetensors
 from .store import MANIFEST, load_file, resolve_checkpoint, verify_checkpoint
 
 
@@ -77,13 +77,14 @@ def _aliases(module: dict, names: list[str], layout: dict) -> dict[str, list[str
     return found
 
 
-def _rank_pieces(path: Path, layout: dict, rank: int, source: str | None, prefix: str = "") -> tuple[str | None, list]:
-    """The per-group tensors rank `rank` saved, and which kind they are."""
+def _rank_pieces(path: Path, layout: dict, rank: int, prefix: str = "") -> tuple[str | None, list]:
+    """The per-group pieces rank `rank` saved (tensors, or RawTensors over swap-file copies),
+    and which kind they are: masters first, else stage 3's shards."""
     state = load_file(path, f"{prefix}optim_rank{rank}.pt")
     strategy = state.get("strategy") if isinstance(state, dict) else None
     if not isinstance(strategy, dict):
         raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt has no strategy state; the checkpoint is incomplete")
-    kind = source or ("masters" if "masters" in strategy else "shards" if "shards" in strategy else None)
+    kind = "masters" if "masters" in strategy else "shards" if "shards" in strategy else None
     if kind is None:
         return None, []
     pieces = strategy.get(kind)
@@ -101,67 +102,118 @@ def pipeline_prefixes(path: Path) -> list[str]:
     return found or [""]
 
 
-def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """Full fp32 state dict of the model in a checkpoint. Tied parameters appear under each
-    of their names as one shared tensor (names the checkpoint does not record are absent)."""
+class _Plan:
+    """One set of model files (a whole model, or one pipeline stage): which names the full
+    state dict has, and each tensor assembled on demand from every rank's piece, one parameter
+    at a time (a piece in a swap-file copy is read only where that parameter sits)."""
+
+    def __init__(self, path: Path, prefix: str):
+        states, layout = _model_states(path, prefix)
+        self.module = states["module"]
+        ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
+        layouts = group_layouts(path, layout)
+        ranks = range(ws if stage > 0 else 1)  # stage 0: rank 0 saves for all
+        absent = [f"{prefix}optim_rank{r}.pt" for r in ranks if not (path / f"{prefix}optim_rank{r}.pt").is_file()]
+        if absent:
+            raise CheckpointError(f"{path.name}/{absent[0]}: missing ({len(absent)} of {len(ranks)} rank files); "
+                                  "the checkpoint is incomplete")
+        self.where = {n: (gi, i) for gi, g in enumerate(groups) for i, n in enumerate(g["names"])}
+        self.shapes = {n: tuple(sh) for g in groups for n, sh in zip(g["names"], g["shapes"])}
+        self.numels = {n: int(k) for g in groups for n, k in zip(g["names"], g.get("full_numels", g["numels"]))}
+        self.parts: dict[tuple[int, int], list] = {}  # (group, index) -> [(piece, Span)]
+        source = None
+        for rank in ranks:
+            source, pieces = _rank_pieces(path, layout, rank, prefix)
+            if source is None:
+                break
+            for gi, piece in enumerate(pieces):
+                lo, hi = layouts[gi].piece_range(rank)
+                if not hasattr(piece, "numel") or piece.numel() != hi - lo:
+                    raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt: {source}[{gi}] has "
+                                          f"{piece.numel() if hasattr(piece, 'numel') else type(piece).__name__} "
+                                          f"elements, the layout says {hi - lo}; the checkpoint is corrupted")
+                for span in layouts[gi].spans(rank):
+                    self.parts.setdefault((gi, span.index), []).append((piece, span))
+        if source is None:  # stages 0-2 in fp32: the module state holds the weights whole
+            if layout["scheme"] == "chunked":
+                raise CheckpointError(f"{path.name}: no parameter shards saved for stage 3; the checkpoint is incomplete")
+            missing = [n for n in self.where if n not in self.module]
+            if missing:
+                raise CheckpointError(f"{path.name}/model_states.pt lacks parameters {missing[:3]}; "
+                                      "the checkpoint is incomplete")
+        self.from_pieces = source is not None
+        self.alias_of = {a: n for n, names_ in _aliases(self.module, list(self.where), layout).items() for a in names_}
+
+    def keys(self) -> list[str]:
+        """Module order (buffers and frozen parameters as saved), then what only the pieces hold."""
+        out = list(self.module)
+        for n in self.where:
+            out += [k for k in (n, *[a for a, m in self.alias_of.items() if m == n]) if k not in out]
+        return out
+
+    def param_of(self, key: str) -> str | None:
+        name = self.alias_of.get(key, key)
+        return name if name in self.where else None
+
+    def spec(self, key: str) -> tuple[tuple, torch.dtype]:
+        name = self.param_of(key)
+        if name is not None:
+            return self.shapes[name], torch.float32
+        value = self.module[key]
+        return tuple(value.shape), torch.float32 if value.is_floating_point() else value.dtype
+
+    def tensor(self, key: str) -> torch.Tensor:
+        name = self.param_of(key)
+        if name is None:
+            value = self.module[key]
+            return value.float() if value.is_floating_point() else value
+        if not self.from_pieces:
+            return self.module[name].detach().reshape(self.shapes[name]).to(torch.float32, copy=True)
+        out = torch.empty(self.numels[name], dtype=torch.float32)
+        for piece, span in self.parts.get(self.where[name], []):
+            out[span.param_lo : span.param_lo + span.numel] = piece[span.piece_lo : span.piece_lo + span.numel]
+        return out.reshape(self.shapes[name])
+
+
+def _plans(ckpt_dir, tag) -> tuple[Path, list[_Plan]]:
     path = _folder(ckpt_dir, tag)
     verify_checkpoint(path)
+    return path, [_Plan(path, prefix) for prefix in pipeline_prefixes(path)]
+
+
+def consolidated_entries(ckpt_dir, tag: str | None = None):
+    """[(name, shape, dtype, fetch())] of the full fp32 state dict, in order, each tensor made
+    only when fetched: what a streaming writer needs (a tied layer of several pipeline
+    stages is taken from the first)."""
+    _, plans = _plans(ckpt_dir, tag)
+    entries, seen = [], set()
+    for plan in plans:
+        for key in plan.keys():
+            if key not in seen:
+                seen.add(key)
+                shape, dtype = plan.spec(key)
+                entries.append((key, shape, dtype, lambda plan=plan, key=key: plan.tensor(key)))
+    return entries
+
+
+def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """Full fp32 state dict of the model in a checkpoint, in memory. Tied parameters appear
+    under each of their names as one shared tensor (names the checkpoint does not record are
+    absent). `zerotrain consolidate` streams instead (consolidated_entries)."""
+    _, plans = _plans(ckpt_dir, tag)
     out: dict[str, torch.Tensor] = {}
-    for prefix in pipeline_prefixes(path):
-        for key, value in _consolidate(path, prefix).items():
-            out.setdefault(key, value)  # a tied layer: the first stage's copy (all are equal)
-    return out
-
-
-def _consolidate(path: Path, prefix: str) -> dict[str, torch.Tensor]:
-    states, layout = _model_states(path, prefix)
-    module = states["module"]
-    ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
-    layouts = group_layouts(path, layout)
-    names = [n for g in groups for n in g["names"]]
-    flat = {n: torch.empty(int(numel), dtype=torch.float32)
-            for g in groups for n, numel in zip(g["names"], g.get("full_numels", g["numels"]))}
-    ranks = range(ws if stage > 0 else 1)  # stage 0: rank 0 saves for all
-    absent = [f"{prefix}optim_rank{r}.pt" for r in ranks if not (path / f"{prefix}optim_rank{r}.pt").is_file()]
-    if absent:
-        raise CheckpointError(f"{path.name}/{absent[0]}: missing ({len(absent)} of {len(ranks)} rank files); "
-                              "the checkpoint is incomplete")
-    source = None
-    for rank in ranks:
-        source, pieces = _rank_pieces(path, layout, rank, source, prefix)
-        if source is None:
-            break
-        for gi, (group, piece) in enumerate(zip(groups, pieces)):
-            lo, hi = layouts[gi].piece_range(rank)
-            expected = hi - lo
-            if not torch.is_tensor(piece) or piece.numel() != expected:
-                raise CheckpointError(f"{path.name}/{prefix}optim_rank{rank}.pt: {source}[{gi}] has "
-                                      f"{piece.numel() if torch.is_tensor(piece) else type(piece).__name__} "
-                                      f"elements, the layout says {expected}; the checkpoint is corrupted")
-            fill_from_piece([flat[n] for n in group["names"]], layouts[gi].spans(rank), piece.reshape(-1).float())
-    if source is None:  # stages 0-2 in fp32: the module state holds the weights whole
-        if layout["scheme"] == "chunked":
-            raise CheckpointError(f"{path.name}: no parameter shards saved for stage 3; the checkpoint is incomplete")
-        missing = [n for n in names if n not in module]
-        if missing:
-            raise CheckpointError(f"{path.name}/model_states.pt lacks parameters {missing[:3]}; "
-                                  "the checkpoint is incomplete")
-        for n in names:
-            flat[n] = module[n].detach().reshape(-1).to(torch.float32, copy=True)
-    shapes = {n: s for g in groups for n, s in zip(g["names"], g["shapes"])}
-    params = {n: flat[n].reshape(shapes[n]).contiguous() for n in names}
-    alias_of = {a: n for n, names_ in _aliases(module, names, layout).items() for a in names_}
-    out = {}
-    for key, value in module.items():  # module order; buffers and frozen params as saved
-        if key in params or key in alias_of:
-            out[key] = params[alias_of.get(key, key)]
-        else:
-            out[key] = value.float() if value.is_floating_point() else value
-    for alias, n in alias_of.items():  # stage 3 keeps its parameters out of the module state
-        out.setdefault(n, params[n])
-        out.setdefault(alias, params[n])
-    for n in names:
-        out.setdefault(n, params[n])
+    for plan in plans:
+        made: dict[str, torch.Tensor] = {}
+        for key in plan.keys():
+            name = plan.param_of(key)
+            if key in out:
+                continue
+            if name is not None:
+                if name not in made:
+                    made[name] = plan.tensor(name)
+                out[key] = made[name]
+            else:
+                out[key] = plan.tensor(key)
     return out
 
 
@@ -196,46 +248,6 @@ def convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, output_dir, tag: str | 
     target, tmp = out / "pytorch_model.bin", out / f".pytorch_model.bin.{os.getpid()}.tmp"
     try:
         torch.save(tensors, tmp)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
-
-
-def output_file(out) -> Path:
-    """OUT is a .safetensors file, or a folder that gets model.safetensors."""
-    out = Path(out)
-    return out if out.suffix == ".safetensors" else out / "model.safetensors"
-
-
-def save_safetensors(tensors: dict[str, torch.Tensor], out, overwrite: bool = False) -> Path:
-    """Write `tensors` to OUT atomically (temp file + rename, so no partial file ever has the
-    final name). Shared tensors (tied weights) are written once per name, since safetensors
-    stores no aliasing; the metadata entry `tied` lists which names were one parameter."""
-    from safetensors.torch import save_file
-
-    target = output_file(out)
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{target} exists; pass --overwrite to replace it")
-    if target.parent.exists() and not target.parent.is_dir():
-        raise ConfigError(f"{target.parent} is a file, not a folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    seen, tied, data = {}, {}, {}
-    for name, t in tensors.items():
-        first = seen.setdefault(id(t), name)
-        if first != name:
-            tied.setdefault(first, []).append(name)
-        t = t.detach()
-        exclusive = t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-        data[name] = t if first == name and exclusive else t.clone(memory_format=torch.contiguous_format)
-    metadata = {"format": "pt", "producer": "zerotrain consolidate"}
-    if tied:
-        metadata["tied"] = json.dumps(tied)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        save_file(data, str(tmp), metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -23,6 +23,8 @@ import torch
 
 from zerotrain.errors import CheckpointError, ConfigError
 
+from .raw_files import externalize, internalize
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 _FORMAT = "zerotrain-checkpoint"
@@ -150,7 +152,9 @@ class CheckpointWriter:
         return self
 
     def save(self, name: str, obj: Any) -> Path:
+        """torch.save of `obj`; swap files inside it are copied beside it (raw_files.py)."""
         target = self.staging / _check_file_name(name)
+        obj = externalize(obj, self.staging, name[:-3] if name.endswith(".pt") else name)
         _write_atomic(target, lambda f: torch.save(obj, f))
         return target
 
@@ -277,7 +281,7 @@ def load_file(path: str | os.PathLike, name: str) -> Any:
     if not file.is_file():
         raise CheckpointError(f"{label}: missing from the checkpoint at {path}")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        return internalize(torch.load(file, map_location="cpu", weights_only=True), Path(path))
     except pickle.UnpicklingError as err:
         if "Weights only load failed" in str(err):
             raise CheckpointError(

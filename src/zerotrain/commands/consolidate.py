@@ -1,9 +1,14 @@
 """`zerotrain consolidate CKPT_DIR OUT`: full fp32 weights as safetensors from the per-rank
-shards of a checkpoint of any ZeRO stage, so a model trained sharded can be used anywhere."""
+shards of a checkpoint of any ZeRO stage, so a model trained sharded can be used anywhere.
+It streams: one parameter is put together, written and dropped at a time, so a model far
+larger than memory consolidates (pieces in swap-file copies are read where each sits)."""
 
 from __future__ import annotations
 
-from ..checkpoint.consolidate import consolidate_checkpoint, save_safetensors
+import torch
+
+from ..checkpoint.consolidate import consolidated_entries
+from ..checkpoint.safetensors_out import write_safetensors
 from ..zero.estimate import human_bytes
 
 
@@ -15,10 +20,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    tensors = consolidate_checkpoint(args.ckpt_dir, tag=args.tag)
-    target = save_safetensors(tensors, args.out, overwrite=args.overwrite)
-    unique = {id(t): t for t in tensors.values()}.values()
-    size = sum(t.numel() * t.element_size() for t in unique)
-    print(f"wrote {target}: {len(tensors)} tensors, {sum(t.numel() for t in unique):,} values "
-          f"({human_bytes(size)})")
+    entries = consolidated_entries(args.ckpt_dir, tag=args.tag)
+    target = write_safetensors(entries, args.out, overwrite=args.overwrite,
+                               metadata={"producer": "zerotrain consolidate"})
+    values = sum(torch.Size(shape).numel() for _, shape, _, _ in entries)
+    size = sum(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for _, shape, dt, _ in entries)
+    print(f"wrote {target}: {len(entries)} tensors, {values:,} values ({human_bytes(size)})")
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.consolidate import save_safetensors
+from ..checkpoint.safetensors_out import save_safetensors
 from ..errors import ConfigError
 
 

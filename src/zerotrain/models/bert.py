@@ -25,6 +25,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..features.layer_drop import LayerDrop
 from .block import PreLNBlock, activation
+from .linear import Linear
 
 
 @dataclass
@@ -123,9 +124,9 @@ class BertForMaskedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertEncoder(cfg)
-        self.dense = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.dense = Linear(cfg.n_embd, cfg.n_embd)
         self.ln = nn.LayerNorm(cfg.n_embd)
-        self.decoder = nn.Linear(cfg.n_embd, cfg.vocab_size)
+        self.decoder = Linear(cfg.n_embd, cfg.vocab_size)
         self.act = activation(cfg.activation)
         self.apply(_initialiser(cfg.init_std))
         self.decoder.weight = self.bert.wte.weight  # tied, as in BERT
@@ -150,8 +151,8 @@ class BertForSequenceClassification(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertEncoder(cfg)
-        self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels)
+        self.pooler = Linear(cfg.n_embd, cfg.n_embd)
+        self.classifier = Linear(cfg.n_embd, cfg.num_labels)
         self.apply(_initialiser(cfg.init_std))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,

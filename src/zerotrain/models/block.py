@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from .linear import Linear
 
 
 
@@ -36,11 +37,11 @@ class PreLNBlock(nn.Module):
         super().__init__()
         inner = n_inner or 4 * n_embd
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
-        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.qkv = Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = Linear(n_embd, n_embd, bias=bias)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.fc = nn.Linear(n_embd, inner, bias=bias)
-        self.fc_out = nn.Linear(inner, n_embd, bias=bias)
+        self.fc = Linear(n_embd, inner, bias=bias)
+        self.fc_out = Linear(inner, n_embd, bias=bias)
         self.n_head, self.dropout, self.causal = n_head, dropout, causal
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.act = activation(act)

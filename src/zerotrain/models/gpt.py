@@ -16,6 +16,7 @@ from torch import nn
 
 from ..features.layer_drop import LayerDrop
 from .block import PreLNBlock
+from .linear import Linear
 
 
 @dataclass
@@ -48,7 +49,7 @@ class GPT(nn.Module):
         self.blocks = LayerDrop(PreLNBlock(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias)
                                 for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         self.apply(self._init)
 

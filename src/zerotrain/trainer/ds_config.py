@@ -31,6 +31,26 @@ def read_deepspeed(value) -> dict:
     return {} if value is None else read_config(value)
 
 
+def zero_stage(value) -> int:
+    """The ZeRO stage a --deepspeed config asks for (0 without one)."""
+    stage = read_deepspeed(value).get("zero_optimization", {}).get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
+def compute_dtype(args):
+    """The dtype a run computes in: the config's fp16/bf16 block, or --fp16/--bf16 where it says
+    "auto" or has none (None: fp32)."""
+    import torch
+
+    raw = read_deepspeed(args.deepspeed)
+
+    def on(block: str, flag: bool) -> bool:
+        enabled = raw.get(block, {}).get("enabled", "auto") if isinstance(raw.get(block), dict) else "auto"
+        return enabled is True or (enabled == "auto" and bool(flag))
+
+    return torch.float16 if on("fp16", args.fp16) else torch.bfloat16 if on("bf16", args.bf16) else None
+
+
 def model_hidden_size(model) -> int | None:
     """The hidden size HF's "auto" bucket sizes are computed from (the largest of
     `hidden_sizes` for models that have several), read from the model's config."""

@@ -21,6 +21,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
 
     from .loop.glue_metrics import glue_metrics
     from .preflight import check_nodes, preflight
+    from .ds_config import compute_dtype, zero_stage
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
     check_nodes(comm)
@@ -31,13 +32,15 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
                    need_train=train_args.do_train is not False)
     num_labels = 1 if data.regression else len(data.labels) if data.labels else None
     set_seed(train_args.seed)
+    partition = (models.Partition(comm.rank, comm.world_size, compute_dtype(train_args))
+                 if zero_stage(train_args.deepspeed) == 3 else None)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
-                                     tokenizer, num_labels)
+                                     tokenizer, num_labels, partition)
     if info.max_positions is not None and data.block_size > info.max_positions:
         raise ConfigError(f"block_size {data.block_size} is larger than the model's {info.max_positions} "
                           f"positions; use --block_size {info.max_positions} or less")
     if model_args.init_from:
-        models.init_from(model, model_args.init_from, comm.rank)
+        models.init_from(model, model_args.init_from, comm.rank, comm.world_size)
     lora_config = None
     if model_args.lora_rank > 0:
         from .model.lora import apply_lora, count_parameters

@@ -23,7 +23,7 @@ STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: Shar
 def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
                    comm: Comm, compute_dtype: torch.dtype, device, *, prescale_gradients: bool = False,
                    gradient_predivide_factor: float = 1.0,
-                   accumulation_dtype: torch.dtype | None = None) -> ZeroStrategy:
+                   accumulation_dtype: torch.dtype | None = None, optimizer_state_bytes: int = 8) -> ZeroStrategy:
     """`zero` is the validated zero_optimization block, every value in it the one in force
     (config/zero.py resolves the defaults); stage 3 writes back the two it derives from the model."""
     if zero.stage not in STRATEGIES:
@@ -40,7 +40,7 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
     kwargs = dict(bucket_numel=int(zero.reduce_bucket_size), prescale_gradients=prescale_gradients,
                   gradient_predivide_factor=gradient_predivide_factor, overlap_comm=bool(zero.overlap_comm),
                   offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size),
-                  accumulation_dtype=accumulation_dtype)
+                  accumulation_dtype=accumulation_dtype, optimizer_state_bytes=optimizer_state_bytes)
     if zero.stage == 3:
         kwargs.update(module=module, offload_param=zero.offload_param, persistence_threshold=int(zero.param_persistence_threshold),
                       # None: zerotrain's default, sized by the strategy from the model

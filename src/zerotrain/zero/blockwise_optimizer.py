@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .nvme_swap import FileStore
+from .nvme_swap import FileStore, copy_into
 
 # torch optimizers whose update of an element reads only that element (and scalars)
 ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Rprop",
@@ -104,12 +104,16 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             self.master_files[gi].write_from(lo, values.cpu())
 
     def master(self, gi: int) -> torch.Tensor:
-        """The whole fp32 master of group gi (read from its file with nvme: for checkpoints)."""
+        """The whole fp32 master of group gi (read from its file with nvme)."""
         if self.masters[gi] is not None:
             return self.masters[gi]
         out = torch.empty(self.groups[gi].numel, dtype=torch.float32)
         self.master_files[gi].read_into(0, out)
         return out
+
+    def master_state(self, gi: int):
+        """What a checkpoint saves of group gi's master: a copy, or its file (copied file to file)."""
+        return self.masters[gi].detach().clone() if self.masters[gi] is not None else self.master_files[gi]
 
     def _state_tensor(self, gi: int, key: str) -> torch.Tensor | FileStore:
         if self.folder is not None:
@@ -195,14 +199,9 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             if not self.steps[gi]:
                 continue
             entry = {"step": torch.tensor(float(self.steps[gi]))}
-            for key in self.state_keys:
+            for key in self.state_keys:  # files are copied file to file by the checkpoint writer
                 store = self._state_tensor(gi, key)
-                if isinstance(store, FileStore):
-                    full = torch.empty(g.numel, dtype=torch.float32)
-                    store.read_into(0, full)
-                    entry[key] = full
-                else:
-                    entry[key] = store.detach().clone()
+                entry[key] = store if isinstance(store, FileStore) else store.detach().clone()
             state[gi] = entry
         return {"state": state, "param_groups": [{k: v for k, v in pg.items() if k != "params"}
                                                  for pg in self.param_groups]}
@@ -214,11 +213,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             keys = [k for k in entry if k != "step"]
             self.state_keys = self.state_keys or keys
             for key in keys:
-                store = self._state_tensor(gi, key)
-                if isinstance(store, FileStore):
-                    store.write_from(0, entry[key].float())
-                else:
-                    store.copy_(entry[key])
+                copy_into(self._state_tensor(gi, key), entry[key])
         for group, hyper in zip(self.param_groups, saved["param_groups"]):
             group.update(hyper)
 

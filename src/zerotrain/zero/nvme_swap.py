@@ -4,17 +4,36 @@ The fp32 masters and optimizer state of blockwise_optimizer.py and the stage-3 p
 shards of param_shard_store.py live in these under `nvme_path`, one folder per rank and
 process. Reads and writes are positional (pread/pwrite), so several can run at once on a
 thread pool; the page cache is the kernel's, not this process's memory.
+
+A rank's folder is named `zerotrain-<host>-rank<r>-pid<pid>`: folders that a crashed run of
+this host left (their process is gone) are recognised and removed at start, and nothing
+else under nvme_path is ever touched. Checkpoints copy these files whole, file to file
+(checkpoint/raw_files.py), so saving never holds them in memory.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
+import socket
 import weakref
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DiskFullError
+
+
+@runtime_checkable
+class FileBacked(Protocol):
+    """A tensor that lives in a file (a checkpoint's RawTensor): copied file to file."""
+
+    path: Path
+
+    def load(self) -> torch.Tensor: ...
 
 
 class FileStore:
@@ -36,7 +55,32 @@ class FileStore:
             raise OSError(f"{self.path}: short read ({got} of {len(view)} bytes)")
 
     def write_from(self, start: int, src: torch.Tensor) -> None:
-        os.pwrite(self.fd, memoryview(src.contiguous().view(torch.uint8).numpy()), start * self.itemsize)
+        data = memoryview(src.contiguous().view(torch.uint8).numpy())
+        offset = start * self.itemsize
+        while len(data):  # one pwrite moves at most ~2 GiB
+            try:
+                done = os.pwrite(self.fd, data, offset)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DiskFullError(e.errno, f"offload file {self.path}: the disk is full; free space on it "
+                                        "or point nvme_path at a larger disk, then resume from the last "
+                                        "checkpoint") from None
+                raise
+            data, offset = data[done:], offset + done
+
+    def copy_to(self, path: Path) -> None:
+        """This file's bytes into a new file at `path`, by the kernel (no copy through memory)."""
+        with open(path, "wb") as out:
+            _copy_range(self.fd, out.fileno(), self.nbytes)
+
+    def copy_from(self, path: Path) -> None:
+        """The bytes of the file at `path` (as copy_to wrote them) into this one."""
+        size = os.path.getsize(path)
+        if size != self.nbytes:
+            raise OSError(f"{path}: {size} bytes, {self.path} holds {self.nbytes}")
+        with open(path, "rb") as src:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            _copy_range(src.fileno(), self.fd, size)
 
     @property
     def nbytes(self) -> int:
@@ -56,10 +100,73 @@ def _close_and_remove(fd: int, path: Path) -> None:
         pass
 
 
-def rank_folder(nvme_path: str, rank: int) -> Path:
-    folder = Path(nvme_path) / f"zerotrain-rank{rank}-pid{os.getpid()}"
+def copy_into(store, value) -> None:
+    """Fill a FileStore or a tensor from a tensor or a checkpoint's RawTensor (anything with
+    `path` and `load()`: checkpoint/raw_files.py), file to file when both are files."""
+    raw = isinstance(value, FileBacked)
+    if isinstance(store, FileStore):
+        if raw:
+            store.copy_from(value.path)
+        else:
+            store.write_from(0, value.detach().to("cpu", store.dtype))
+    else:
+        store.copy_(value.load() if raw else value)
+
+
+def _copy_range(src: int, dst: int, nbytes: int) -> None:
+    os.lseek(src, 0, os.SEEK_SET)
+    left = nbytes
+    while left:
+        try:
+            done = os.copy_file_range(src, dst, left)
+        except OSError:  # another file system: plain reads and writes, a MiB at a time
+            done = os.write(dst, os.read(src, min(left, 1 << 20)))
+        if done == 0:
+            raise OSError(f"copy stopped with {left} bytes left")
+        left -= done
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+_FOLDER = re.compile(rf"zerotrain-{re.escape(_HOST)}-rank\d+-pid(\d+)")
+
+
+def _alive(pid: int) -> bool:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_nvme_path(nvme_path: str, needed: int, what: str) -> None:
+    """Before anything is written: the folder exists, is writable and has room for `needed`
+    bytes of this rank's files (`what` says of which); folders of crashed runs are cleared."""
+    base = Path(nvme_path)
+    if not base.is_dir():
+        raise ConfigError(f"offload nvme_path {nvme_path!r} does not exist; create it, or point nvme_path at a "
+                          "folder on a local disk")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"offload nvme_path {nvme_path!r} is not writable; point nvme_path at a folder this "
+                          "process may write to")
+    for entry in base.iterdir():
+        found = _FOLDER.fullmatch(entry.name)
+        if found and entry.is_dir() and int(found.group(1)) != os.getpid() and not _alive(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)  # swap files of a run that crashed here
+    free = shutil.disk_usage(base).free
+    if free < needed:
+        raise ConfigError(f"offload nvme_path {nvme_path!r}: this rank needs {needed:,} bytes ({what}), "
+                          f"{free:,} are free; free space there or point nvme_path at a larger disk")
+
+
+def rank_folder(nvme_path: str, rank: int) -> Path:
+    folder = Path(nvme_path) / f"zerotrain-{_HOST}-rank{rank}-pid{os.getpid()}"
+    try:
+        folder.mkdir(exist_ok=True)
+    except FileNotFoundError:
+        raise ConfigError(f"offload nvme_path {nvme_path!r} does not exist; create it, or point nvme_path at a "
+                          "folder on a local disk") from None
     except OSError as e:
         raise ConfigError(f"offload nvme_path {nvme_path!r} is not writable ({e.strerror}); "
                           "point it at a folder on a local disk") from None

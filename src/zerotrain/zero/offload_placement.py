@@ -13,12 +13,13 @@ they are separate and blockwise_optimizer.BlockwiseOptimizer keeps and steps the
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
 from ..config.zero import NVME_BLOCK_NUMEL as BLOCK_NUMEL  # the largest swap block (config resolves it)
 from .blockwise_optimizer import RESIDENT_BLOCK_NUMEL, BlockwiseOptimizer, MasterGroup
-from .nvme_swap import rank_folder
+from .nvme_swap import check_nvme_path, rank_folder
 
 
 class OptimizerOffload:
@@ -41,6 +42,20 @@ class OptimizerOffload:
     def separate_from(self, device: torch.device, mixed: bool) -> bool:
         """Whether the masters must be tensors of their own (not the model's)."""
         return mixed or self.kind == "nvme" or self.master_device != device
+
+    def check_space(self, numel: int, state_bytes: int, also: tuple[str | None, int] = (None, 0)) -> None:
+        """Before any file exists: room under nvme_path for `numel` fp32 master elements and
+        their optimizer state (`state_bytes` per element), plus `also` = (path, bytes) of
+        stage-3 parameter files when they go to the same folder."""
+        path, extra = also
+        if self.kind == "nvme":
+            same = path is not None and Path(path).resolve() == Path(self.nvme_path).resolve()
+            needed = (4 + state_bytes) * numel + (extra if same else 0)
+            check_nvme_path(self.nvme_path, needed, f"fp32 masters and optimizer state{', parameters' if same else ''}")
+            if same:
+                return
+        if path is not None:
+            check_nvme_path(path, extra, "parameter shards")
 
     def new_grad(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A reduced-gradient shard where the optimizer steps (stages 2-3)."""

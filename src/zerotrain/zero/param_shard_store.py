@@ -6,26 +6,29 @@ from __future__ import annotations
 
 import torch
 
-from .nvme_swap import FileStore
+from .nvme_swap import FileStore, copy_into
 
 
 class ParamStore:
-    def __init__(self, shard: torch.Tensor, kind: str, compute_device, folder=None, name: str = "params",
-                 pin: bool = False):
+    """A zeroed shard of `numel` elements; the strategy fills it chunk by chunk (stage3_gather.
+    ShardedGroup.fill), so building it never holds more than one parameter's chunk twice."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, kind: str, compute_device, folder=None,
+                 name: str = "params", pin: bool = False):
         self.kind = kind
-        self.dtype = shard.dtype
-        self.numel = shard.numel()
+        self.dtype = dtype
+        self.numel = numel
         self.compute_device = torch.device(compute_device)
         self.place = {"none": "device", "cpu": "host", "nvme": "nvme"}[kind]
         self.file = None
         if kind == "nvme":
             self.tensor = None
-            self.file = FileStore(folder / f"{name}.bin", self.numel, self.dtype)
-            self.file.write_from(0, shard.cpu())
-        elif kind == "cpu":
-            self.tensor = shard.cpu().pin_memory() if pin else shard.cpu()
+            self.file = FileStore(folder / f"{name}.bin", numel, dtype)  # a sparse file of zeros
         else:
-            self.tensor = shard
+            device = "cpu" if kind == "cpu" else compute_device
+            self.tensor = torch.zeros(numel, dtype=dtype, device=device)
+            if kind == "cpu" and pin:
+                self.tensor = self.tensor.pin_memory()
 
     def read(self, lo: int, hi: int) -> torch.Tensor:
         """Elements [lo, hi) on the compute device (a view when they already live there)."""
@@ -41,8 +44,13 @@ class ParamStore:
         else:
             self.file.write_from(lo, src.detach().to("cpu", self.dtype))
 
-    def full(self) -> torch.Tensor:
-        return self.read(0, self.numel).clone()
+    def full(self):
+        """The whole shard for a checkpoint: a copy, or its file (copied file to file)."""
+        return self.file if self.file is not None else self.read(0, self.numel).clone()
+
+    def load(self, value) -> None:
+        """The whole shard from a checkpoint's tensor or RawTensor."""
+        copy_into(self.file if self.file is not None else self.tensor, value)
 
     @property
     def nvme_bytes(self) -> int:

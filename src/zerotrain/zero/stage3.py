@@ -24,6 +24,7 @@ from .layout import cut
 from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
 from .param_shard_store import ParamStore
+from .host_memory import release_freed_memory
 from .stage3_gather import Gatherer, ShardedGroup
 from .stage3_schedule import GatherSchedule
 from .strategy import ZeroStrategy
@@ -49,10 +50,20 @@ class ShardedParameters(ZeroStrategy):
         self.claim(frozen)
         self.groups = [ShardedGroup(ps, ws) for ps in self.ordered] + ([ShardedGroup(frozen, ws)] if frozen else [])
         self.where = {id(p): (gi, i) for gi, fg in enumerate(self.groups) for i, p in enumerate(fg.params)}
+        itemsize = torch.empty((), dtype=compute_dtype).element_size()
+        param_bytes = itemsize * sum(fg.shard_numel for fg in self.groups)
+        trained_numel = sum(fg.shard_numel for fg in self.groups[: self.trained_groups])
+        self.offload.check_space(trained_numel if self.separate_masters else 0, self.optimizer_state_bytes,
+                                 also=(offload_param.nvme_path if param_kind == "nvme" else None, param_bytes))
+        self._space_checked = True
         folder = rank_folder(offload_param.nvme_path, rank) if param_kind == "nvme" else None
         pin = bool(getattr(offload_param, "pin_memory", False) and torch.cuda.is_available())
-        self.stores = [ParamStore(fg.build_shard(rank, compute_dtype, device), param_kind, device, folder,
-                                  f"params.group{gi}", pin) for gi, fg in enumerate(self.groups)]
+        self.stores = []
+        for gi, fg in enumerate(self.groups):
+            store = ParamStore(fg.shard_numel, compute_dtype, param_kind, device, folder, f"params.group{gi}", pin)
+            fg.fill(store.write, rank, compute_dtype)
+            self.stores.append(store)
+        release_freed_memory()  # the chunks just moved out, before the gradient shards come in
         # separate masters are read from the stores (and written back to them at each step);
         # otherwise the step writes the stored shard itself
         self._make_masters([store if self.separate_masters else store.tensor
@@ -199,6 +210,6 @@ class ShardedParameters(ZeroStrategy):
     def load_state_dict(self, state: dict) -> None:
         if "shards" in state:
             for store, shard in zip(self.stores, state["shards"]):
-                store.write(0, shard)
+                store.load(shard)
         self.load_masters(state)
         self.gatherer.release_all(force=True)

@@ -30,16 +30,16 @@ class ShardedGroup(GroupLayout):
         self.shapes = [full_shape(p) for p in self.params]
         super().__init__([s.numel() for s in self.shapes], world_size, CHUNKED)
 
-    def build_shard(self, rank: int, dtype: torch.dtype, device) -> torch.Tensor:
-        """This rank's chunks of the (still whole) parameters."""
-        shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
-        for p, o, c in zip(self.params, self.offsets, self.numels):
+    def fill(self, write, rank: int, dtype: torch.dtype) -> None:
+        """Write this rank's chunk of every (still whole) parameter at its offset, with
+        `write(offset, chunk)`: one parameter at a time, each whole one freed as it goes."""
+        for p, o in zip(self.params, self.offsets):
             if is_partitioned(p):  # built under zero.Init: this rank's chunk already exists
-                shard[o : o + c] = p.zt_chunk
+                write(o, p.zt_chunk.to(dtype))
                 del p.zt_chunk
-                continue
-            shard[o : o + c] = cut(p.detach().reshape(-1), self.world_size)[rank]
-        return shard
+            else:
+                write(o, cut(p.detach().reshape(-1), self.world_size)[rank].to(dtype))
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def runs(self, indices: list[int]) -> list[tuple[int, int, list[int]]]:
         """Split the given params into contiguous shard ranges: [(lo, hi, indices)]."""

@@ -47,7 +47,7 @@ class ZeroStrategy(ABC):
                  compute_dtype: torch.dtype, device, *, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
                  prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
                  overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22,
-                 accumulation_dtype: torch.dtype | None = None):
+                 accumulation_dtype: torch.dtype | None = None, optimizer_state_bytes: int = 8):
         self.comm = comm
         self.compute_dtype = compute_dtype
         self.device = torch.device(device)
@@ -65,6 +65,8 @@ class ZeroStrategy(ABC):
         #: the dtype gradients accumulate in across micro-steps (data_types.grad_accum_dtype):
         #: the compute dtype unless accumulation (gradient_accumulation_steps > 1) asks for fp32
         self.accumulation_dtype = accumulation_dtype or compute_dtype
+        self.optimizer_state_bytes = optimizer_state_bytes  # per element, for the NVMe space check
+        self._space_checked = False  # stage 3 checks NVMe room before its parameter files exist
         #: each group's parameters in layout order: reverse registration, so the ones whose
         #: gradients arrive first in backward sit together and a bucket is a plain slice
         self.ordered = [sorted(g["params"], key=lambda p: -registration[id(p)]) for g in param_groups]
@@ -91,8 +93,11 @@ class ZeroStrategy(ABC):
         gradient `grads[i]` (a view of a gradient buffer) or fresh zeros; when separate they
         are made with the optimizer (build_optimizer), and the gradients the step reads are
         `grads[i]` or fresh shards in the accumulation dtype where the optimizer steps."""
+        numels = [model.numel() if torch.is_tensor(model) else model.numel for model in models]
+        if self.separate_masters and not self._space_checked:
+            self.offload.check_space(sum(numels), self.optimizer_state_bytes)
         for i, model in enumerate(models):
-            numel = model.numel() if torch.is_tensor(model) else model.numel
+            numel = numels[i]
             grad = grads[i] if grads is not None else None
             if self.separate_masters:
                 if grad is None:
@@ -150,7 +155,7 @@ class ZeroStrategy(ABC):
         """Global L2 norm of the averaged, unscaled gradients; inf/nan on any rank's overflow
         reaches every rank (the same decision everywhere). The first call of a step."""
         self.take_assigned_grads()
-        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.reduced_grads()])
+        norms = torch.stack([fp32_norm(g) for g in self.reduced_grads()])
         if not self.shards_optimizer:
             return float(torch.linalg.vector_norm(norms)) / loss_scale
         squares = (norms.double() ** 2).sum().reshape(1)
@@ -225,7 +230,7 @@ class ZeroStrategy(ABC):
         """This rank's share of what the module state dict does not hold (separate fp32 masters)."""
         if self.stepper is None:
             return {}
-        return {"masters": [self.stepper.master(gi).detach().clone() for gi in range(self.trained_groups)]}
+        return {"masters": [self.stepper.master_state(gi) for gi in range(self.trained_groups)]}
 
     def load_masters(self, state: dict) -> bool:
         """Separate masters from a checkpoint's strategy state (or, when it has none, from the
@@ -304,3 +309,16 @@ def refuse_assigned_grads(strategy: ZeroStrategy, groups) -> None:
                     f"(shape {tuple(p.grad.shape)}); this stage has already reduced and sharded the gradients, so "
                     "the step would ignore it. Change gradients before they are reduced (a hook: "
                     "p.register_hook(fn)), or use ZeRO stage 0 or 1, whose step reads p.grad")
+
+
+_NORM_BLOCK = 1 << 22
+
+
+def fp32_norm(g: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of `g` accumulated in fp32. torch casts the whole tensor first (an fp32 copy
+    of a bf16 shard, 2 GB at a billion parameters across 2 ranks): low-precision tensors larger
+    than a block go a block at a time."""
+    if g.dtype == torch.float32 or g.numel() <= _NORM_BLOCK:
+        return torch.linalg.vector_norm(g, dtype=torch.float32)
+    blocks = [torch.linalg.vector_norm(b, dtype=torch.float32) for b in g.reshape(-1).split(_NORM_BLOCK)]
+    return torch.linalg.vector_norm(torch.stack(blocks))

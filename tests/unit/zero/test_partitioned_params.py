@@ -226,3 +226,35 @@ def test_a_pass_ends_with_backward_even_when_recomputation_stops_early():
         engine.step()
         assert not engine.strategy.schedule.in_pass
     assert all(v.numel() == 0 for v in model.state_dict().values())  # stays empty: nothing gathered
+
+
+def test_init_takes_deepspeeds_arguments(tmp_path):
+    import logging
+
+    ds_config = tmp_path / "ds.json"
+    ds_config.write_text('{"train_batch_size": "auto", "bf16": {"enabled": true}}')
+    lines: list[str] = []
+    catch = logging.Handler()
+    catch.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("zerotrain").addHandler(catch)
+    try:
+        with zerotrain.zero.Init(config_dict_or_path=str(ds_config), remote_device="cpu", pin_memory=True):
+            model = Net()
+    finally:
+        logging.getLogger("zerotrain").removeHandler(catch)
+    assert model.a.weight.zt_chunk.dtype == torch.bfloat16  # the config's precision, while built
+    assert len(lines) == 1 and "no effect here: pin_memory" in lines[0] and "remote_device" in lines[0]
+    with zerotrain.zero.Init(dtype=torch.float16):
+        assert Net().a.bias.zt_chunk.dtype == torch.float16
+    whole = Net()
+    built = Net()
+    zerotrain.zero.Init(module=built)  # a model built already: partitioned there and then
+    assert built.a.weight.zt_chunk.numel() == 24 and built.a.weight.untyped_storage().nbytes() == 0
+    with zerotrain.zero.GatheredParameters(list(built.parameters())):
+        assert torch.equal(built.a.weight, whole.a.weight)
+    with pytest.raises(zerotrain.ConfigError, match=r"Init\(mpu=...\): not supported; remove it"):
+        zerotrain.zero.Init(mpu=object())
+    with pytest.raises(zerotrain.ConfigError, match=r"zero_quantized_weights"):
+        zerotrain.zero.Init(zero_quantized_weights=True)
+    with pytest.raises(TypeError, match="no_such_option"):
+        zerotrain.zero.Init(no_such_option=1)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
+from ...zero.partitioned_init import Init, is_partitioned
 from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
 from ...models.bert import bert_config_keys, is_bert_recipe_config
 
@@ -42,6 +43,16 @@ PRESETS = {
 }
 _OURS = {"gpt": (GPTConfig, {"clm": GPT, "sft": GPT}),
          "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """ZeRO stage 3's cut of a model being loaded: this rank, of how many, its chunks kept in
+    which dtype (None: as built)."""
+
+    rank: int
+    world_size: int
+    dtype: torch.dtype | None = None
 
 
 @dataclasses.dataclass
@@ -161,10 +172,12 @@ def check_model_source(model_name_or_path: str | None, model_config: str | None)
 
 
 def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
-                num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+                num_labels: int | None = None, partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
+    """`partition`: ZeRO stage 3, where a saved model is built under zero.Init and its weights
+    streamed into each rank's chunks (streamed_load.py)."""
     check_model_source(model_name_or_path, model_config)
     if model_name_or_path:
-        return load_model(model_name_or_path, task, num_labels)
+        return load_model(model_name_or_path, task, num_labels, partition)
     spec = PRESETS[model_config] if model_config in PRESETS else _read_mapping(Path(model_config).expanduser())
     if "zerotrain_model" in spec:
         return _build_ours(spec, task, tokenizer, num_labels)
@@ -192,7 +205,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise ConfigError(f"{folder}: no model weights ({WEIGHTS_FILE}, pytorch_model.bin or model_states.pt)")
 
 
-def load_model(path_text: str, task: str, num_labels: int | None = None) -> tuple[nn.Module, ModelInfo]:
+def load_model(path_text: str, task: str, num_labels: int | None = None,
+               partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
     check_model_source(path_text, None)
     folder = Path(path_text).expanduser()
     if (folder / OURS_FILE).is_file():
@@ -200,15 +214,42 @@ def load_model(path_text: str, task: str, num_labels: int | None = None) -> tupl
         spec = {"zerotrain_model": meta["model"], **meta["config"]}
         if task == "classification" and num_labels:
             spec["num_labels"] = num_labels
-        model, info = _build_ours(spec, task, None, None)
-        load_matching(model, read_weights(folder), str(folder), strict=meta.get("task") == task)
+        strict = meta.get("task") == task
+        if partition is None:
+            model, info = _build_ours(spec, task, None, None)
+            load_matching(model, read_weights(folder), str(folder), strict=strict)
+            return model, info
+        with Init(dtype=partition.dtype):
+            model, info = _build_ours(spec, task, None, None)
+        _stream(model, folder, partition, strict)
         return model, info
     kwargs = {"num_labels": num_labels} if task == "classification" and num_labels else {}
     try:
-        model = _hf_class(task).from_pretrained(str(folder), **kwargs)
+        if partition is None:
+            model = _hf_class(task).from_pretrained(str(folder), **kwargs)
+        else:  # from_pretrained would hold the whole model on every rank
+            import transformers
+
+            config = transformers.AutoConfig.from_pretrained(str(folder), **kwargs)
+            with Init(dtype=partition.dtype):
+                model = _hf_class(task).from_config(config)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model_name_or_path {folder}: cannot load ({str(e).splitlines()[0]})") from None
+    if partition is not None:
+        _stream(model, folder, partition, strict=False)
     return model, _hf_info(model, task)
+
+
+def _stream(model: nn.Module, folder: Path, partition: Partition, strict: bool) -> None:
+    from .streamed_load import stream_weights
+
+    missing, unexpected = stream_weights(model, folder, partition.rank, partition.world_size)
+    if strict and (missing or unexpected):
+        raise ConfigError(f"{folder}: weights do not match the model (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    if missing or unexpected:
+        log.warning(f"model_name_or_path {folder}: newly initialised: {', '.join(missing) or 'none'}; "
+                    f"not used: {', '.join(unexpected) or 'none'}")
 
 
 def _tied_aliases(model: nn.Module) -> set[str]:
@@ -244,9 +285,14 @@ def check_init_from(path_text: str) -> Path:
     return folder
 
 
-def init_from(model: nn.Module, path_text: str, rank: int = 0) -> None:
+def init_from(model: nn.Module, path_text: str, rank: int = 0, world_size: int = 1) -> None:
     folder = check_init_from(path_text)
-    missing, unexpected = load_matching(model, read_weights(folder), str(folder))
+    if any(is_partitioned(p) for p in model.parameters()):  # built under zero.Init: into each rank's chunks
+        from .streamed_load import stream_weights
+
+        missing, unexpected = stream_weights(model, folder, rank, world_size)
+    else:
+        missing, unexpected = load_matching(model, read_weights(folder), str(folder))
     if rank == 0:
         print(f"init_from {folder}: loaded with strict=False\n  missing keys (newly initialised): "
               f"{', '.join(missing) or 'none'}\n  unexpected keys (ignored): {', '.join(unexpected) or 'none'}",

@@ -1,0 +1,66 @@
+"""The trainer's stage-3 load on 2 real ranks: a saved HF or zerotrain model is built under
+zero.Init and its files streamed into each rank's chunks; the model then trains at stage 3
+as the same weights loaded whole train in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zerotrain
+from scenarios import base_config, global_batch, rank_and_world
+from test_stage0 import assert_params_close
+
+
+def _save(kind: str, folder: str) -> None:
+    from zerotrain.trainer.model.build import ModelInfo, _build_ours, save_model
+
+    torch.manual_seed(1)
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        LlamaForCausalLM(cfg).save_pretrained(folder)
+    else:
+        model, info = _build_ours({"zerotrain_model": "gpt", "vocab_size": 96, "n_embd": 32, "n_layer": 2,
+                                   "n_head": 2, "n_positions": 32}, "clm", None, None)
+        save_model(__import__("pathlib").Path(folder), model, info, model.state_dict())
+
+
+def train_loaded(folder: str, stage: int, partitioned: bool) -> dict:
+    from zerotrain.trainer.model.build import Partition, load_model
+
+    rank, world = rank_and_world()
+    model, _ = load_model(folder, "clm", partition=Partition(rank, world) if partitioned else None)
+    whole = sum(p.untyped_storage().nbytes() for p in model.parameters() if p.requires_grad)
+    micro = 4 // world
+    cfg = base_config(4, micro, zero_optimization={"stage": stage, "stage3_param_persistence_threshold": 0})
+    engine, *_ = zerotrain.initialize(model=model, config=cfg)
+    losses = []
+    for step in range(3):
+        batch = global_batch(step, 4)[rank * micro:(rank + 1) * micro]
+        out = engine(input_ids=batch, labels=batch)
+        loss = out.loss if hasattr(out, "loss") else out
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    params = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+    engine.destroy()
+    return {"losses": losses, "params": params, "held_before_initialize": whole}
+
+
+@pytest.mark.parametrize("kind", ["llama", "ours"])
+def test_a_saved_model_streams_into_stage3_chunks(world2, tmp_path, kind):
+    _save(kind, str(tmp_path / kind))
+    streamed = world2.run(train_loaded, str(tmp_path / kind), 3, True)
+    whole = world2.run(train_loaded, str(tmp_path / kind), 3, False)  # loaded whole on each rank, then cut
+    one = train_loaded(str(tmp_path / kind), 0, False)
+    mean = torch.tensor([r["losses"] for r in streamed]).mean(0)  # each rank's loss is its half of the batch
+    torch.testing.assert_close(mean, torch.tensor(one["losses"]), rtol=1e-5, atol=0)
+    total = sum(p.numel() for p in one["params"].values())
+    for s, w in zip(streamed, whole):
+        assert s["held_before_initialize"] <= 4 * total // 2 + 4096  # its chunks, never the whole model
+        assert w["held_before_initialize"] >= 4 * total * 0.9
+        assert s["losses"] == w["losses"]
+        assert_params_close(s["params"], w["params"], rtol=0)
