@@ -44,6 +44,11 @@ def replicated(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def tensor_layout(model: torch.nn.Module, comm, size: int) -> Layout:
+    world = comm.state.world_size
+    if world % size:
+        raise ConfigError(f"tensor_parallel.autotp_size {size}: the job has {world} process{'es' * (world > 1)}, not "
+                          f"a multiple of {size}; launch a multiple of {size} (torchrun --nproc_per_node) or lower "
+                          "autotp_size")
     mesh = ParallelMesh(comm.state, tensor=size)
     tensor_comm = mesh.comm("tensor")
     replaced: dict[int, torch.nn.Parameter] = {}
