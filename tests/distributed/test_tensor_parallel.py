@@ -88,3 +88,25 @@ def test_tensor_and_data_parallel_match_one_process(world4):
     reference = ts.train(ts.config(GLOBAL, MICRO, 0), STEPS)
     for stage in (1, 2):
         _check([r[stage] for r in ranks], reference)
+
+
+def three_way_case() -> dict:
+    import pipe_scenarios as ps
+
+    from zerotrain.pipe import PipeModelDataParallelTopology
+
+    topology = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
+    return ps.pipeline_run(ps.config(GLOBAL, MICRO, 1), STEPS, topology=topology)
+
+
+def test_data_pipeline_and_tensor_parallel_match_one_process(world8):
+    """The pipeline scenario (curriculum, layer drop, a tied embedding) on 2 x 2 x 2 ranks."""
+    import pipe_scenarios as ps
+
+    ranks = world8.run(three_way_case, timeout=500)
+    assert [(r["stage"], r["data"]) for r in ranks] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    reference = ps.reference_run(ps.config(GLOBAL, MICRO, 1), STEPS)
+    for r in ranks:
+        assert r["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+        assert r["norms"] == pytest.approx(reference["norms"], rel=1e-5)
+        assert r["tokens"] == reference["tokens"]
