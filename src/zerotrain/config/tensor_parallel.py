@@ -21,6 +21,8 @@ NO_EFFECT = {
     "tensor_parallel": "inference settings (deepspeed.init_inference); autotp_size sets the training split",
     "keep_module_on_host": "the model is split where it was built, then moved to the device",
     "vocab_parallel_ce_backend": "the head is not vocabulary-split, so there is no distributed loss to choose",
+    "preset_model": "the split is read from the model itself (its base_model_tp_plan, or zerotrain's plan for its "
+                    "GPT and BERT); a preset names the same split",
 }
 
 
@@ -35,8 +37,10 @@ class TensorParallelConfig(Block):
                                      validation_alias=AliasChoices("tensor_parallel", "tp"))
     keep_module_on_host: bool = no_effect(False, NO_EFFECT["keep_module_on_host"])
     vocab_parallel_ce_backend: Any = no_effect(None, NO_EFFECT["vocab_parallel_ce_backend"])
-    vocab_parallel_lm_head: bool = refused(False, "a vocabulary-split head is not built: the embedding and head "
-                                                  "stay whole on every tensor rank")
+    preset_model: Any = no_effect(None, NO_EFFECT["preset_model"])
+    vocab_parallel_lm_head: bool | None = refused(None, "a vocabulary-split head is not built: the embedding and head "
+                                                        "stay whole on every tensor rank",
+                                                  ok=lambda v: v in (None, False), fix=" or set it to false")
     injection_policy_tuple: Any = refused(None, "custom injection policies are not built: the model's "
                                                 "base_model_tp_plan (or zerotrain's own plan) decides the split")
     partition_config: Any = refused(None, "custom partition rules are not built: the model's base_model_tp_plan "
