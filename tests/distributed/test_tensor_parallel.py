@@ -50,6 +50,13 @@ def two_rank_cases(tmp: str) -> dict:
     out["poisoned"] = ts.train(fp16, 3, poison=(1, 2))
     out["unpoisoned"] = ts.train(fp16, 2)
     errors = {}
+    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+    from zerotrain.errors import CheckpointError
+
+    try:
+        consolidate_checkpoint(f"{tmp}/ckpt")
+    except CheckpointError as e:
+        errors["consolidate"] = str(e)
     for case in ("heads", "no_plan", "stage3"):
         try:
             ts.bad_input(case)
@@ -75,6 +82,7 @@ def test_tensor_parallel_matches_one_process(world2, tmp_path):
     assert "the model has 3 attention heads, not divisible by 2" in errors["heads"]
     assert "Sequential has no tensor-parallel plan" in errors["no_plan"]
     assert "zero_optimization.stage 3 with tensor_parallel: use stage 0, 1 or 2" in errors["stage3"]
+    assert "a tensor-parallel checkpoint (tp_00-model_states.pt, ...)" in errors["consolidate"]
     assert all("\n" not in e for e in errors.values())
 
 
