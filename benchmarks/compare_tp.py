@@ -3,7 +3,8 @@
     python benchmarks/compare_tp.py [--quick] [--rounds 2] [--steps 6]
 
 One HF LLaMA built from a config (same seed on both sides, so the same weights), split over
-2 tensor-parallel ranks (gloo, one thread each), fp32, AdamW (torch's, "torch_adam"),
+2 tensor-parallel ranks (gloo, one thread each; by default ~20M parameters, the scale of the
+other benchmarks), fp32, AdamW (torch's, "torch_adam"),
 clipping at 1.0, ZeRO stage 1 over the (single) data-parallel rank. The script is the same
 for both: `initialize(model=..., config={... "tensor_parallel": {"autotp_size": 2}})`, then
 `loss = engine(input_ids=x, labels=x).loss`, `engine.backward(loss)`, `engine.step()`; only
@@ -59,12 +60,13 @@ def worker(args) -> None:
 
     net = _model(args)
     params = sum(p.numel() for p in net.parameters())
+    first = torch.randint(0, args.vocab, (args.micro * args.accum, args.seq), generator=torch.Generator().manual_seed(1000))
+    with torch.no_grad():  # the unsplit model on one process, plain transformers: what step 0 must give
+        reference = sum(float(net(input_ids=x, labels=x).loss) for x in first.split(args.micro)) / args.accum
     config = {"train_batch_size": args.micro * args.accum, "train_micro_batch_size_per_gpu": args.micro,
               "gradient_clipping": 1.0, "steps_per_print": 10**9, "zero_optimization": {"stage": 1},
               "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01, "torch_adam": True}},
               "tensor_parallel": {"autotp_size": 2}}
-    if args.worker == "deepspeed":
-        config["tensor_parallel"]["dtype"] = torch.float32  # its default would cast the model to fp16
     engine, *_ = engine_lib.initialize(model=net, model_parameters=[p for p in net.parameters()], config=config)
     reset = cz._reset_peak_rss()
     times, cpu, losses = [], [], []
@@ -79,6 +81,8 @@ def worker(args) -> None:
             engine.backward(loss)
             engine.step()
             total += float(loss) / args.accum
+        if step == 0:
+            first_loss = total  # the same batch as `reference`, before any update
         spent = torch.tensor([time.perf_counter() - start, time.process_time() - cpu_start], dtype=torch.float64)
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
         if step >= args.warmup:
@@ -90,6 +94,7 @@ def worker(args) -> None:
     dist.all_gather(stats, mine)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"times": times, "cpu": cpu, "losses": losses, "params": params,
+                                              "first": first_loss, "reference": reference,
                                               "peak_kib": [int(t[0]) for t in stats]}))
     dist.barrier()
     dist.destroy_process_group()
@@ -167,6 +172,10 @@ def report(results: dict, args, ds_state: str) -> None:
             worst = max(worst, abs(a - b))
             print(f"  {i:3d} {a:11.6f} {b:11.6f} {abs(a - b):10.2e}")
         print(f"largest |difference| {worst:.1e}" + ("  (agree)" if worst < 1e-3 else "  (DO NOT agree)"))
+        ref = zt[0]["reference"]
+        print(f"step 0 before any update (the split model's forward): plain transformers on one process {ref:.6f}, "
+              f"zerotrain {zt[0]['first']:.6f} (|diff| {abs(zt[0]['first'] - ref):.1e}), DeepSpeed "
+              f"{ds[0]['first']:.6f} (|diff| {abs(ds[0]['first'] - ref):.1e})")
 
 
 def main() -> int:
@@ -178,9 +187,9 @@ def main() -> int:
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--accum", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--inner", type=int, default=704)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--inner", type=int, default=1408)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv_heads", type=int, default=4)
