@@ -66,12 +66,6 @@ def global_batch(step: int, size: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (size, SEQ), generator=g)
 
 
-class Poison:
-    """Makes the gradient of one rank non-finite at one step (a hook on the loss's input)."""
-
-    step = -1
-
-
 def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, load: str | None = None,
           poison: tuple | None = None) -> dict:
     """Train to `steps` optimizer steps on this world (one process: the reference); save =

@@ -8,9 +8,10 @@ stacks several projections (zerotrain's attention `qkv` = [q; k; v]): each part 
 colwise, so tensor rank r holds [q_r; k_r; v_r] and its heads stay whole. Its DTensor's
 global view is that rank-major order; `full` puts the parts back in the model's order.
 
-The rest of zerotrain sees DTensor parameters only through this module: `is_split`,
+The rest of zerotrain sees DTensor parameters only through this module: `is_sharded`,
 `local` (the plain tensor a rank holds, which ZeRO lays into its flat buffers), `rebind`
-(make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`.
+(make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`,
+and the per-rank checkpoint state (`rank_state_dict`, `load_rank_state_dict`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,6 @@ def parallelize(module: nn.Module, device_mesh, plan: dict[str, str]) -> None:
     parallelize_module(module, device_mesh, {path: _style(style) for path, style in plan.items()})
 
 
-def is_split(t: torch.Tensor) -> bool:
-    """A DTensor (of any placement)."""
-    return isinstance(t, DTensor)
-
-
 def is_sharded(t: torch.Tensor) -> bool:
     """A DTensor that holds a different piece on each tensor rank (not a replica)."""
     return isinstance(t, DTensor) and any(not isinstance(p, Replicate) for p in t.placements)
@@ -100,19 +96,6 @@ def full(t: torch.Tensor) -> torch.Tensor:
         rows = whole.shape[0]
         whole = whole.reshape(size, parts, rows // (size * parts), -1).transpose(0, 1).reshape(t.shape)
     return whole
-
-
-def copy_full_into(p: torch.Tensor, whole: torch.Tensor) -> None:
-    """Write a whole tensor (every rank has it) into this rank's piece of `p`."""
-    if not isinstance(p, DTensor):
-        p.data.copy_(whole)
-        return
-    parts = getattr(p, FUSED, None)
-    if parts:
-        size = p.device_mesh.size()
-        whole = whole.reshape(parts, size, whole.shape[0] // (parts * size), -1).transpose(0, 1).reshape(p.shape)
-    piece = distribute_tensor(whole.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-    local(p).copy_(local(piece))
 
 
 def rank_state_dict(module: nn.Module) -> dict:

@@ -37,9 +37,6 @@ class Layout:
 
 def plain_layout(model, comm) -> Layout:
     def check(cfg) -> None:
-        if cfg.tensor_parallel.size > 1:
-            raise ConfigError("tensor_parallel: the job was set up before the config was read; pass the config "
-                              "to initialize (not a model split another way)")
         if cfg.pipeline is not None:
             raise ConfigError(f"pipeline: the model is a {type(model).__name__}, not a zerotrain.pipe.PipelineModule; "
                               "build it as PipelineModule(layers=[...], num_stages=...) or remove the pipeline block")

@@ -13,8 +13,6 @@ as DeepSpeed's AutoTP does.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..comm import tensor_parallel as tp
@@ -24,8 +22,6 @@ from ..features.engine_methods import TrainingEngine
 from .layout import Layout
 from .topology import Grid
 from .tensor_plan import tensor_plan
-
-log = logging.getLogger("zerotrain")
 
 
 def split_model(model: torch.nn.Module, mesh: ParallelMesh) -> dict[int, torch.nn.Parameter]:
