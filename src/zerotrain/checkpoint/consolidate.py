@@ -97,7 +97,13 @@ def _rank_pieces(path: Path, layout: dict, rank: int, prefix: str = "") -> tuple
 
 
 def pipeline_prefixes(path: Path) -> list[str]:
-    """The stage prefixes of a pipeline checkpoint ("pipe_00-", ...); [""] for any other."""
+    """The stage prefixes of a pipeline checkpoint ("pipe_00-", ...); [""] for any other. A
+    tensor-parallel checkpoint (tp_XX- files: each rank's pieces of the split layers) is refused
+    in one line: its pieces are not glued back here."""
+    if any(Path(path).glob("*tp_*-model_states.pt")):
+        raise CheckpointError(f"{path}: a tensor-parallel checkpoint (tp_00-model_states.pt, ...), which zerotrain "
+                              "consolidate does not put together yet; write the whole model while training instead "
+                              "(engine.save_16bit_model, or the model folder zerotrain train saves)")
     found = sorted(f.name[: -len("model_states.pt")] for f in Path(path).glob("pipe_*-model_states.pt"))
     return found or [""]
 

@@ -6,8 +6,8 @@ the order of DeepSpeed's PipeModelDataParallelTopology (and PipeDataParallelTopo
 tensor size is 1), so a DeepSpeed script's rank arithmetic carries over. Each named dimension
 has its process group from the DeviceMesh; `comm(dim)` wraps it in a Comm whose rank and
 size are the group's (a one-rank dimension gives a Comm that is alone, so its collectives
-are no-ops). The tensor dimension is 1 today; DTensor-based tensor parallelism takes the
-same mesh (`device_mesh`) and its "tensor" dimension.
+are no-ops). DTensor tensor parallelism (comm/tensor_parallel.py) splits layers over
+`sub_mesh("tensor")`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ class ParallelMesh:
     def group(self, dim: str):
         """The process group of one dimension (None in a one-process job)."""
         return None if self.device_mesh is None else self.device_mesh.get_group(dim)
+
+    def sub_mesh(self, dim: str):
+        """The one-dimensional DeviceMesh of `dim` (what DTensor layers are split over)."""
+        if self.device_mesh is None:
+            raise ValueError("a one-process job has no DeviceMesh")
+        return self.device_mesh[dim]
 
     @functools.cache
     def comm(self, *dims: str) -> Comm:

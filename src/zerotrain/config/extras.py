@@ -75,7 +75,6 @@ class DeepSpeedExtras(Block):
                                         "block", ok=is_off, fix=_OFF)
     compile: Any = refused(None, "torch.compile of the engine (and DeepCompile) is not built; compile the model "
                                  "yourself before initialize", ok=is_off, fix=_OFF)
-    tensor_parallel: Any = refused(None, "tensor parallelism is not built yet", ok=is_off, fix=_OFF)
     sequence_parallel_size: Any = refused(None, "sequence parallelism is not built",
                                           ok=lambda v: v in (None, 1), fix=" or set it to 1")
     sparse_attention: Any = refused(None, "sparse attention changes the model and is not built (DeepSpeed 0.19.8 "

@@ -21,6 +21,7 @@ from .auto import fill_auto
 from .base import NO_EFFECT, field_class
 from .reader import read_config
 from .schema import FieldProblem, ZeroTrainConfig, spellings, valid_keys
+from .tensor_parallel import TensorParallelConfig
 
 _SHORT_REASONS = {
     "missing": "is missing",
@@ -71,6 +72,20 @@ def load_config(
             cfg.settle(name, value, f"derived: train_batch_size = micro batch x accumulation x world size {world_size}")
     cfg._raw, cfg._comments, cfg._autos = raw, comments, autos
     return cfg
+
+
+def tensor_parallel_size(config: dict | str | os.PathLike) -> int:
+    """The tensor-parallel size a config asks for, read before the rest: the ranks are laid
+    out (and the data-parallel world the batch sizes count is known) only once it is. A block
+    that does not validate gives 1 here; load_config then names what is wrong with it."""
+    raw = read_config(config)
+    block = raw.get("tensor_parallel") if isinstance(raw, dict) else None
+    if not isinstance(block, dict):
+        return 1
+    try:
+        return TensorParallelConfig.model_validate(_without_comments(block, "tensor_parallel", [])).size
+    except (ValidationError, ValueError):
+        return 1
 
 
 def check_keys(config: dict) -> None:

@@ -83,6 +83,8 @@ def no_effect_keys(cfg) -> list[str]:
     found = list(cfg.comment_keys)
     if cfg.pipeline is None and isinstance(cfg.raw.get("pipeline"), dict):
         found.append("pipeline (\"enabled\": false)")  # switched off: dropped by the schema
+    if cfg.tensor_parallel.size == 1 and isinstance(cfg.raw.get("tensor_parallel"), dict):
+        found.append("tensor_parallel (off: autotp_size 0 or 1, or \"enabled\": false)")
     for entry in entries(cfg, blocks=True):
         if _accepted_without_effect(entry):
             found.append(entry.path)

@@ -20,6 +20,7 @@ from .base import Block, FieldProblem, Float, Int, Number, _no_bool, acts, no_ef
 from .data_efficiency import DataEfficiencyConfig, ScheduleConfig
 from .extras import DeepSpeedExtras, is_off
 from .pipeline import PipelineConfig
+from .tensor_parallel import TensorParallelConfig
 from .zero import ZeroConfig
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
@@ -196,6 +197,8 @@ class ZeroTrainConfig(DeepSpeedExtras):
     data_types: DataTypesConfig = acts(None, "Gradient accumulation dtype.", default_factory=DataTypesConfig)
     checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)
     pipeline: PipelineConfig | None = acts(None, "Pipeline parallelism: schedule and DeepSpeed's pipeline keys.")
+    tensor_parallel: TensorParallelConfig = acts(None, "Tensor parallelism (DeepSpeed's AutoTP keys).",
+                                                 default_factory=TensorParallelConfig)
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
     checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)

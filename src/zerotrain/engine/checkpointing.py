@@ -17,7 +17,8 @@ set each, named with the engine's `checkpoint_prefix` (`pipe_01-model_states.pt`
 "rank" then means the rank in the data-parallel group of the strategy, and the RNG files keep
 the global rank.
 
-Everything is plain tensors and Python containers, so loading uses weights_only=True.
+Everything is plain tensors and Python containers, so loading uses weights_only=True (a
+tensor-parallel DTensor is saved as the piece its rank holds: comm/tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import random
 import numpy as np
 import torch
 
+from ..comm.tensor_parallel import load_rank_state_dict, rank_state_dict
 from ..errors import CheckpointError
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
@@ -91,7 +93,7 @@ def _aliases(module) -> dict[str, list[str]]:
 def _load_module(engine, state: dict, strict: bool, excluded: set[str] = frozenset()) -> None:
     """`excluded`: frozen parameters the checkpoint left out on purpose; they keep their values."""
     sharded = _sharded_names(engine)
-    missing, unexpected = engine.module.load_state_dict(state, strict=False)
+    missing, unexpected = load_rank_state_dict(engine.module, state)
     missing = [k for k in missing if k not in sharded and k not in excluded]
     if strict and (missing or unexpected):
         raise CheckpointError(f"checkpoint does not match the model: missing keys {missing[:5]}, "
@@ -130,7 +132,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                           save_latest=save_latest) as writer:
         if states:
             writer.save(f"{prefix}model_states.pt", {
-                "module": {k: v for k, v in engine.module.state_dict().items()
+                "module": {k: v for k, v in rank_state_dict(engine.module).items()
                            if k not in sharded and k not in excluded},
                 "frozen": frozen,  # names of the parameters that do not train
                 "frozen_excluded": exclude_frozen,  # ... and left out of "module"

@@ -28,6 +28,9 @@ log = logging.getLogger("zerotrain")
 class Engine(torch.nn.Module):
     # ranks that hold different parameters (pipeline stages) name their checkpoint files apart
     checkpoint_prefix = ""
+    # True on a rank whose batches are copies of another rank's (tensor-parallel ranks > 0):
+    # what is counted per batch (tokens) is counted there, not again here
+    input_replica = False
 
     def __init__(self, module: torch.nn.Module, config, comm, strategy, optimizer, lr_scheduler,
                  loss_scaler, compute_dtype: torch.dtype, features: list[EngineFeature] = (),

@@ -86,7 +86,8 @@ class TokenBudgetFeature(EngineFeature):
                 group["lr"] = lr
 
     def before_forward(self, engine, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        self._pending += count_tokens(args, kwargs)
+        if not engine.input_replica:
+            self._pending += count_tokens(args, kwargs)
         return args, kwargs
 
     def after_step(self, engine) -> None:

@@ -1,6 +1,10 @@
 """The pre-LayerNorm Transformer block the built-in GPT (causal) and BERT (bidirectional,
 padding mask) share: LayerNorm inside each residual branch, so a skipped block (layer drop)
-leaves the residual stream unchanged and well scaled."""
+leaves the residual stream unchanged and well scaled.
+
+The forward counts heads from the width it is given, not from n_head, so the same code runs
+split across tensor-parallel ranks (`TP_PLAN`: qkv split by parts, each rank holding whole
+heads of q, k and v; proj and fc_out rowwise; fc colwise)."""
 
 from __future__ import annotations
 
@@ -43,15 +47,20 @@ class PreLNBlock(nn.Module):
         self.fc = Linear(n_embd, inner, bias=bias)
         self.fc_out = Linear(inner, n_embd, bias=bias)
         self.n_head, self.dropout, self.causal = n_head, dropout, causal
+        self.head_dim = n_embd // n_head
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).chunk(3, dim=2)  # this rank's share of each (all of it unsplit)
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
         p = self.dropout if self.training else 0.0
         pa = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=pa, is_causal=self.causal)
-        x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)), p, self.training)
+        x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)), p, self.training)
         return x + F.dropout(self.fc_out(self.act(self.fc(self.ln_2(x)))), p, self.training)
+
+
+# how TensorParallel splits a PreLNBlock (module name within the block -> comm.tensor_parallel style)
+TP_PLAN = {"qkv": "fused_colwise:3", "proj": "rowwise", "fc": "colwise", "fc_out": "rowwise"}

@@ -1,7 +1,7 @@
 """What initialize needs to know about how the ranks split the model.
 
 The plain case: every rank holds the whole model and ZeRO runs over the world. A pipeline
-(pipe/setup.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
+(pipe/setup.py), a tensor-parallel split (tensor.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
 runs over, which model-parallel group the gradient norm spans (parallel/norm.py), what to do
 after the initial weights are broadcast, and which engine to build.
 """
@@ -25,6 +25,9 @@ class Layout:
     check: Callable[[object], None] = field(default=lambda cfg: None)
     after_broadcast: Callable[[], None] = field(default=lambda: None)
     make_engine: Callable[..., Engine] = TrainingEngine
+    #: parameters after_broadcast replaced (a tensor-parallel split): {id(old): new}, so the
+    #: param groups and a client optimizer made before initialize train the new ones
+    replaced: dict = field(default_factory=dict)
 
     def wrap(self, strategy):
         if self.model_comm is None or self.model_comm.alone:

@@ -3,14 +3,15 @@
 A ZeRO strategy's `grad_norm` covers the parameters of its data-parallel group. When other
 ranks hold other parameters (pipeline stages, tensor slices), the clipping norm is
 
-    norm^2 = sum over the model-parallel group of  strategy.grad_norm(counted parameters)^2
+    norm^2 = sum over the model-parallel group of  (this rank's counted gradients)^2
 
 with every parameter counted once: a tied copy on a later stage, or a weight replicated on
-tensor-parallel rank > 0, is left out where another rank counts it. Leaving out means its
-gradient is zeroed for the strategy's norm and put back right after; stages 0 and 1 keep
-gradients as views of their flat buffers, which is what makes that possible (stage 2 and 3
-free them as they are reduced, so a parameter to leave out there is refused at setup).
-A non-finite norm on any rank makes the sum non-finite everywhere, so every rank skips.
+tensor-parallel rank > 0, is left out where another rank counts it. What is counted is read
+straight from the gradients the step reads (`reduced_grads`, this rank's piece of each flat
+group: whole at stage 0, its data-parallel shard at 1 and 2) as the few contiguous ranges the
+counted parameters cover there, so it works at every stage that lays gradients out flat and
+changes no gradient. A non-finite norm on any rank makes the sum non-finite everywhere, so
+every rank skips.
 """
 
 from __future__ import annotations
@@ -22,31 +23,64 @@ import torch
 from ..errors import ConfigError
 
 
+def counted_ranges(groups, rank: int, uncounted_ids: set[int]) -> list[list[tuple[int, int]]]:
+    """Per group, the [lo, hi) ranges of rank `rank`'s piece that hold counted parameters
+    (adjacent ones merged, so there are few)."""
+    out = []
+    for fg in groups:
+        ranges: list[tuple[int, int]] = []
+        for span in fg.spans(rank):
+            if id(fg.params[span.index]) in uncounted_ids:
+                continue
+            lo, hi = span.piece_lo, span.piece_lo + span.numel
+            if ranges and ranges[-1][1] == lo:
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
+        out.append(ranges)
+    return out
+
+
 class ModelParallelNorm:
     """A strategy whose grad_norm spans `model_comm`; everything else is the strategy's own."""
 
     def __init__(self, strategy, model_comm, uncounted: list[torch.Tensor] = ()):
         self.inner = strategy
         self.model_comm = model_comm
-        self.uncounted = list(uncounted)
-        if self.uncounted and any(p.grad is None for p in self.uncounted):
+        ids = {id(p) for p in uncounted}
+        if ids and strategy.stage > 2:
             raise ConfigError(f"zero_optimization.stage {strategy.stage}: tied or replicated parameters across "
-                              "model-parallel ranks need ZeRO stage 0 or 1 (their gradients must stay whole)")
+                              "model-parallel ranks need ZeRO stage 0, 1 or 2 (stage 3 does not lay gradients out flat)")
+        self.ranges = counted_ranges(strategy.groups[: strategy.trained_groups], strategy.comm.rank, ids) \
+            if ids else None
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def _counted_squares(self) -> torch.Tensor:
+        """The sum of squares of the counted gradients over this rank's data-parallel group."""
+        self.inner.take_assigned_grads()
+        pieces = [g[lo:hi] for g, ranges in zip(self.inner.reduced_grads(), self.ranges) for lo, hi in ranges]
+        squares = torch.zeros(1, dtype=torch.float64)
+        if pieces:
+            squares += torch.stack(torch._foreach_norm(pieces, 2, dtype=torch.float32)).double().square().sum()
+        if self.inner.shards_optimizer:
+            self.inner.comm.all_reduce(squares)
+        return squares
+
     def grad_norm(self, loss_scale: float = 1.0) -> float:
-        saved = [p.grad.clone() for p in self.uncounted]
-        for p in self.uncounted:
-            p.grad.zero_()
-        try:
-            local = self.inner.grad_norm(loss_scale)
-        finally:
-            for p, g in zip(self.uncounted, saved):
-                p.grad.copy_(g)
-        if self.model_comm.alone:
-            return local
-        squares = torch.tensor([local * local], dtype=torch.float64)
+        if self.ranges is None:
+            local = self.inner.grad_norm(loss_scale)  # every parameter counts: the strategy's own norm
+            squares = torch.tensor([local * local], dtype=torch.float64)
+        else:
+            squares = self._counted_squares() / (loss_scale * loss_scale)
         self.model_comm.all_reduce(squares)
         return math.sqrt(squares.item())
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict:
+        """Whole tensors: tensor-parallel pieces gathered (a collective over the tensor ranks)."""
+        from ..comm.tensor_parallel import full
+
+        params = dict(module.named_parameters(remove_duplicate=False))  # the state dict's copies lose attributes
+        with torch.no_grad():
+            return {k: full(params.get(k, v)).detach() for k, v in self.inner.full_state_dict(module).items()}

@@ -9,7 +9,7 @@ the `engine.grid` (and `mpu`) questions DeepSpeed scripts ask, with the mesh's g
     DeepSpeed's word     here
     stage / pipe         mesh "pipe"
     data                 mesh "data"
-    slice / model        mesh "tensor" (1 today)
+    slice / model        mesh "tensor" (DTensor tensor parallelism)
     model parallel group the ranks of one data index: pipe x tensor (overflow checks, the norm)
 """
 

@@ -140,8 +140,8 @@ class PipelineEngine(TrainingEngine):
 
     def _mean(self, total: float, count: int) -> torch.Tensor:
         summed = torch.tensor([total], dtype=torch.float64)
-        self.comm.all_reduce(summed)  # only last-stage ranks hold losses
-        return (summed / (count * self.mesh.size("data"))).float().reshape(())
+        self.comm.all_reduce(summed)  # only last-stage ranks hold losses, each tensor rank the same
+        return (summed / (count * self.mesh.size("data") * self.mesh.size("tensor"))).float().reshape(())
 
     def _iterator(self, data_iter):
         if data_iter is not None:

@@ -79,19 +79,19 @@ class PipelineModule(nn.Module):
         if num_stages is None and topology is None:
             raise ConfigError("PipelineModule needs num_stages=<pipeline stages> (or topology=...)")
         state = init_parallel()
+        tensor = 1
         if topology is not None:
-            if topology.get_dim("model") > 1:
-                raise ConfigError("PipelineModule topology: a 'model' (tensor-parallel) axis is not supported yet; "
-                                  "use PipeDataParallelTopology")
+            tensor = max(1, topology.get_dim("model"))  # its blocks are split over it at initialize
             if topology.world_size() != state.world_size:
                 raise ConfigError(f"PipelineModule topology covers {topology.world_size()} ranks, the world has "
                                   f"{state.world_size}")
             num_stages = topology.get_dim("pipe")
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ConfigError(f"PipelineModule num_stages should be a positive integer, got {num_stages!r}")
-        if state.world_size % num_stages:
+        if state.world_size % (num_stages * tensor):
             raise ConfigError(f"the world size {state.world_size} is not divisible by the pipeline size "
-                              f"{num_stages} (num_stages); launch a multiple of {num_stages} processes")
+                              f"{num_stages} (num_stages)" + (f" x tensor size {tensor}" if tensor > 1 else "")
+                              + f"; launch a multiple of {num_stages * tensor} processes")
         if placement not in ("loop", "v") or virtual_stages < 1 or (placement == "v" and virtual_stages != 2):
             raise ConfigError(f"PipelineModule virtual_stages={virtual_stages}, placement={placement!r}: use "
                               "placement 'loop' with virtual_stages >= 1, or 'v' with virtual_stages 2")
@@ -106,7 +106,7 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_func = activation_checkpoint_func
         self.checkpointable_layers = checkpointable_layers
         self.use_reentrant = False
-        self.mesh = ParallelMesh(state, pipe=num_stages)
+        self.mesh = ParallelMesh(state, pipe=num_stages, tensor=tensor)
         self._layer_specs = specs
         self.parts = partition(specs, total, partition_method, trainable_count)
         self.stage_ids = stage_indices(placement, self.mesh.coord("pipe"), num_stages, virtual_stages)
@@ -188,8 +188,10 @@ class PipelineModule(nn.Module):
         return self.parts
 
     def topology(self):
-        from ..parallel.topology import PipeDataParallelTopology
+        from ..parallel.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
 
+        if self.mesh.size("tensor") > 1:
+            return PipeModelDataParallelTopology(self.num_stages, self.mesh.size("tensor"), self.mesh.size("data"))
         return PipeDataParallelTopology(self.num_stages, self.mesh.size("data"))
 
     def num_pipeline_stages(self) -> int:

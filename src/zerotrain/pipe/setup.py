@@ -53,6 +53,9 @@ def _check(module, cfg) -> PipelineConfig:
 
 
 def pipeline_layout(module, comm, mpu=None) -> Layout:
+    """With a tensor axis (topology=PipeModelDataParallelTopology(..., num_mp=T, ...)) each
+    stage's blocks are split over it after the tied copies agree (parallel/tensor.py)."""
+    from ..parallel.tensor import replicated, split_model
     from ..parallel.topology import Grid
 
     if mpu is not None and not isinstance(mpu, Grid):
@@ -60,12 +63,35 @@ def pipeline_layout(module, comm, mpu=None) -> Layout:
     mesh = module.mesh
     ties = Ties(module, mesh)
     chosen: dict = {}
+    tensor, tensor_comm = mesh.size("tensor"), mesh.comm("tensor")
+    replaced: dict = {}
 
     def check(cfg) -> None:
         chosen["pipeline"] = _check(module, cfg)
+        if cfg.tensor_parallel.size not in (1, tensor):
+            raise ConfigError(f"tensor_parallel.autotp_size {cfg.tensor_parallel.size}, but the PipelineModule's "
+                              f"topology has {tensor} tensor rank(s); build it with topology=PipeModelDataParallel"
+                              f"Topology(num_pp, num_mp={cfg.tensor_parallel.size}, num_dp), or make them equal")
+
+    def after_broadcast() -> None:
+        ties.sync_weights()
+        if tensor > 1:
+            for t in list(module.parameters()) + list(module.buffers()):
+                tensor_comm.broadcast(t.data)
+            replaced.update(split_model(module, mesh))
+
+    def uncounted() -> list:
+        out = {id(p): p for p in ties.uncounted()}
+        if mesh.coord("tensor") > 0:
+            out.update({id(p): p for p in replicated(module)})
+        return list(out.values())
 
     def make_engine(*args, **kwargs):
-        return PipelineEngine(*args, **kwargs, ties=ties, pipe_config=chosen["pipeline"])
+        engine = PipelineEngine(*args, **kwargs, ties=ties, pipe_config=chosen["pipeline"])
+        if tensor > 1:
+            engine.checkpoint_prefix += f"tp_{mesh.coord('tensor'):02d}-"
+            engine.input_replica = mesh.coord("tensor") > 0
+        return engine
 
-    return Layout(mesh.comm("data"), mesh.comm("pipe", "tensor"), uncounted=ties.uncounted, check=check,
-                  after_broadcast=ties.sync_weights, make_engine=make_engine)
+    return Layout(mesh.comm("data"), mesh.comm("pipe", "tensor"), uncounted=uncounted, check=check,
+                  after_broadcast=after_broadcast, make_engine=make_engine, replaced=replaced)

@@ -150,6 +150,9 @@ class TrainingArguments:
     gradient_checkpointing: bool = _opt(False, "Recompute each block's activations in backward to save memory.")
     pipeline_parallel_size: int = _opt(1, "Pipeline stages: the model's blocks are split into this many stages "
                                           "(embedding first, head last); processes = data parallel x stages.")
+    tensor_parallel_size: int = _opt(1, "Tensor-parallel ranks: each block's attention and MLP projections are split "
+                                        "across them (DeepSpeed's tensor_parallel.autotp_size); processes = data "
+                                        "parallel x tensor.")
     ddp_timeout: int = _opt(1800, "Seconds a collective may wait before the process group gives up.")
     ddp_find_unused_parameters: bool | None = _opt(
         None, "Allow parameters that get no gradient in a step (default true); false makes such a "
@@ -184,7 +187,8 @@ def aliases() -> dict[str, str]:
 def check_training_arguments(args: TrainingArguments) -> None:
     """Checks that need only these options; the Trainer checks the rest against model and data."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                 "logging_steps", "save_steps", "ddp_timeout", "pipeline_parallel_size"):
+                 "logging_steps", "save_steps", "ddp_timeout", "pipeline_parallel_size",
+                 "tensor_parallel_size"):
         value = getattr(args, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name}: should be a positive integer, got {value!r}")

@@ -110,6 +110,22 @@ class _Filler:
         return given
 
 
+def tensor_parallel_option(args, explicit: set[str]) -> int:
+    """--tensor_parallel_size and the config's tensor_parallel.autotp_size agree (either may
+    give it); the size in force, set on `args`. Read before the batch sizes: the processes
+    they count are the data-parallel ones."""
+    block = read_deepspeed(args.deepspeed).get("tensor_parallel")
+    given = block.get("autotp_size") if isinstance(block, dict) and block.get("enabled", True) is not False else None
+    if isinstance(given, int) and not isinstance(given, bool) and given != "auto":
+        size = max(1, given)
+        if "tensor_parallel_size" in explicit and size != args.tensor_parallel_size:
+            raise ConfigError(f"the DeepSpeed config disagrees with the options: tensor_parallel.autotp_size={given} "
+                              f"vs --tensor_parallel_size {args.tensor_parallel_size}. Make them equal, set the "
+                              "DeepSpeed value to \"auto\", or drop the option")
+        args.tensor_parallel_size = size
+    return args.tensor_parallel_size
+
+
 def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
                            block_size) -> tuple[dict, bool]:
     """(config for zerotrain.initialize, whether its scheduler block drives the LR). The
@@ -133,6 +149,10 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
                            f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
                            f"{args.gradient_accumulation_steps} x {world_size} processes = {total}")
     f.match(ds, "train_batch_size", "train_batch_size", "", total)
+    block = ds.get("tensor_parallel")
+    if args.tensor_parallel_size > 1 or isinstance(block, dict) and block.get("autotp_size") == "auto":
+        f.match(ds.setdefault("tensor_parallel", {}), "autotp_size", "tensor_parallel.autotp_size",
+                "tensor_parallel_size", args.tensor_parallel_size)
     f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
             setter("max_grad_norm"))
     for name in ("fp16", "bf16"):

@@ -11,12 +11,17 @@ The buffer is padded (layout.py, scheme "flat") so that every rank's shard has t
 length and starts on an aligned offset. Model parameters become views
 into the buffer (`p.data = buffer[o:o+n].view(shape)`), which is what lets one collective or
 one optimizer kernel touch every parameter of the group at once.
+
+A tensor-parallel (DTensor) parameter is laid out by its local piece: its shape here is the
+piece's, and the piece becomes the view (comm.tensor_parallel.rebind), so ZeRO over the
+data dimension never sees the other tensor ranks' pieces.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..comm.tensor_parallel import like, local, rebind
 from .layout import FLAT, GroupLayout
 
 
@@ -25,8 +30,8 @@ class FlatGroup(GroupLayout):
 
     def __init__(self, params: list[torch.nn.Parameter], world_size: int = 1, sharded: bool = True):
         self.params = list(params)
-        self.shapes = [p.shape for p in self.params]
-        super().__init__([p.numel() for p in self.params], world_size, FLAT, sharded)
+        self.shapes = [local(p).shape for p in self.params]
+        super().__init__([local(p).numel() for p in self.params], world_size, FLAT, sharded)
 
     def new_buffer(self, dtype: torch.dtype, device) -> torch.Tensor:
         return torch.zeros(self.padded_numel, dtype=dtype, device=device)
@@ -40,15 +45,15 @@ class FlatGroup(GroupLayout):
         One parameter at a time, so each old storage is freed as soon as it is copied and the
         model never exists twice in memory."""
         for p, view in zip(self.params, self.views(buffer)):
-            view.copy_(p.detach().reshape(view.shape))
-            p.data = view
+            view.copy_(local(p).detach().reshape(view.shape))
+            rebind(p, view)
 
     def bind_grads(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """Point every parameter's `.grad` at its slice of `buffer`; autograd then accumulates
         in place, so the gradients are already flat when backward ends."""
         views = self.views(buffer)
         for p, view in zip(self.params, views):
-            p.grad = view
+            p.grad = like(p, view)
         return views
 
     def shard(self, buffer: torch.Tensor, rank: int) -> torch.Tensor:
@@ -98,18 +103,18 @@ class FlatModel:
         """(The reducer's on_grad at stages 0-1.) A final gradient that is not its view in the flat buffer (model.zero_grad() set .grad
         to None and autograd made a fresh tensor): move it back so the layout stays valid."""
         view = self._grad_views[group][index]
-        if p.grad is not view:
-            view.copy_(p.grad)
-            p.grad = view
+        if local(p.grad) is not view:
+            view.copy_(local(p.grad))
+            p.grad = like(p, view)
 
     def adopt_assigned_grads(self) -> None:
         """Gradients user code assigned to p.grad after backward (not the flat view any more)
         are copied into the buffer the step reads, and the view is given back."""
         for fg, views in zip(self.groups, self._grad_views):
             for p, view in zip(fg.params, views):
-                if p.grad is not None and p.grad is not view:
-                    view.copy_(p.grad)
-                    p.grad = view
+                if p.grad is not None and local(p.grad) is not view:
+                    view.copy_(local(p.grad))
+                    p.grad = like(p, view)
 
     def shards(self, buffers: list[torch.Tensor], rank: int) -> list[torch.Tensor]:
         """Rank r's shard of each group's flat buffer."""

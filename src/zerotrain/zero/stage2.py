@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..comm.tensor_parallel import local
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup, FlatModel
 from .strategy import ZeroStrategy
@@ -37,7 +38,7 @@ class ShardedGradients(ZeroStrategy):
     def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
         fg = self.groups[group]
         offset, numel = fg.offsets[index], fg.numels[index]
-        grad = p.grad.reshape(-1)
+        grad = local(p.grad).reshape(-1)
         for bi in buckets:
             b = self.reducer.buckets[bi]
             if b.data is None:

@@ -427,7 +427,9 @@ def test_unknown_key_suggests_alias_and_short_name():
 
 @pytest.mark.parametrize("fragment,message", [
     ({"sparse_attention": {"mode": "fixed"}}, "sparse_attention: sparse attention changes the model"),
-    ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel: tensor parallelism is not built yet"),
+    ({"tensor_parallel": {"autotp_size": 2, "partition_config": {"layer_specs": []}}},
+     "tensor_parallel.partition_config: custom partition rules are not built"),
+    ({"tensor_parallel": {"kernel_inject": True}}, "tensor_parallel.replace_with_kernel_inject: kernel injection"),
     ({"compile": {"deepcompile": True}}, "compile: torch.compile of the engine"),
     ({"amp": {"enabled": True}}, "amp: apex AMP is not built"),
     ({"quantize_training": {"enabled": True}}, "quantize_training: quantized training (MoQ) is not built"),

@@ -101,7 +101,8 @@ class MicroBatches:
         model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module, args, kwargs):
-        if module.training:  # evaluation forwards are not training tokens
+        # evaluation forwards are not training tokens; a tensor-parallel copy of a batch counts once
+        if module.training and not self.engine.input_replica:
             self.sums[2] += count_tokens(args, kwargs)
 
     def at_boundary(self) -> bool:

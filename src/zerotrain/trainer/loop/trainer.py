@@ -42,7 +42,8 @@ from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
 from ..data.sampler import TrainSampler, sample_lengths
-from ..ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length
+from ..ds_config import (build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length,
+                         tensor_parallel_option)
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
@@ -92,13 +93,18 @@ class Trainer(SavesAndResumes):
         run_folder.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
         if resuming:
             run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
-        stages = args.pipeline_parallel_size
-        if self.comm.world_size % stages:
-            raise ConfigError(f"--pipeline_parallel_size {stages}: the {self.comm.world_size} processes are not a "
-                              f"multiple of it; launch a multiple of {stages}")
-        world = self.comm.world_size // stages  # data-parallel ranks (the mesh's data index is rank % world)
-        self.data_rank, self.data_world = self.comm.rank % world, world
-        ds, uses_ds_scheduler = build_deepspeed_config(args, explicit if explicit is not None else _explicit_of(args),
+        explicit = explicit if explicit is not None else _explicit_of(args)
+        stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit)
+        if stages > 1 and tensor > 1:
+            raise ConfigError(f"--pipeline_parallel_size {stages} with --tensor_parallel_size {tensor}: the trainer "
+                              "does not combine them yet; use one (or build a zerotrain.pipe.PipelineModule)")
+        if self.comm.world_size % (stages * tensor):
+            what = f"--pipeline_parallel_size {stages}" if stages > 1 else f"--tensor_parallel_size {tensor}"
+            raise ConfigError(f"{what}: the {self.comm.world_size} processes are not a multiple of it; launch a "
+                              f"multiple of {stages * tensor}")
+        world = self.comm.world_size // (stages * tensor)  # data-parallel ranks (the mesh's pipe x data x tensor)
+        self.data_rank, self.data_world = self.comm.rank // tensor % world, world
+        ds, uses_ds_scheduler = build_deepspeed_config(args, explicit,
                                                        world, self.info.hidden_size or model_hidden_size(model),
                                                        block_size or (lambda: sample_length(train_dataset)))
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them

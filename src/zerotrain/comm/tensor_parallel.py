@@ -1,0 +1,121 @@
+"""Thin wrappers over torch's DTensor tensor parallelism (torch.distributed.tensor.parallel).
+
+zerotrain has no sharded matmul of its own: `parallelize` hands a plan of style names to
+torch's `parallelize_module`, whose ColwiseParallel / RowwiseParallel turn each named
+Linear's weight into a DTensor sharded over the mesh's "tensor" dimension and insert the
+collectives the split needs. One style is added: `fused_colwise`, for a Linear whose output
+stacks several projections (zerotrain's attention `qkv` = [q; k; v]): each part is split
+colwise, so tensor rank r holds [q_r; k_r; v_r] and its heads stay whole. Its DTensor's
+global view is that rank-major order; `full` puts the parts back in the model's order.
+
+The rest of zerotrain sees DTensor parameters only through this module: `is_sharded`,
+`local` (the plain tensor a rank holds, which ZeRO lays into its flat buffers), `rebind`
+(make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`,
+and the per-rank checkpoint state (`rank_state_dict`, `load_rank_state_dict`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+FUSED = "fused_parts"  # attribute of a fused_colwise parameter: how many projections it stacks
+
+
+class FusedColwise(ColwiseParallel):
+    def __init__(self, parts: int):
+        super().__init__()
+        self.parts = parts
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        size = device_mesh.size()
+        for pname, param in module.named_parameters():
+            rows = param.shape[0]
+            order = param.detach().reshape(self.parts, size, rows // (self.parts * size), -1).transpose(0, 1)
+            split = distribute_tensor(order.reshape(param.shape).contiguous(), device_mesh, [Shard(0)],
+                                      src_data_rank=self.src_data_rank)
+            dist_param = nn.Parameter(split, requires_grad=param.requires_grad)
+            setattr(dist_param, FUSED, self.parts)
+            module.register_parameter(pname, dist_param)
+
+
+def _style(name: str):
+    if name == "colwise":
+        return ColwiseParallel()
+    if name == "rowwise":
+        return RowwiseParallel()
+    if name.startswith("fused_colwise:"):
+        return FusedColwise(int(name.split(":", 1)[1]))
+    raise ValueError(f"unknown tensor-parallel style {name!r}")
+
+
+def parallelize(module: nn.Module, device_mesh, plan: dict[str, str]) -> None:
+    """Split the submodules named in `plan` ({module path: "colwise" | "rowwise" |
+    "fused_colwise:<parts>"}) over `device_mesh` (one dimension)."""
+    parallelize_module(module, device_mesh, {path: _style(style) for path, style in plan.items()})
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor that holds a different piece on each tensor rank (not a replica)."""
+    return isinstance(t, DTensor) and any(not isinstance(p, Replicate) for p in t.placements)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor this rank holds (the tensor itself when it is not a DTensor)."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def rebind(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make the storage a parameter computes with `view` (a slice of a flat buffer). A DTensor
+    keeps its placements and metadata; its local tensor becomes the view."""
+    if isinstance(p, DTensor):
+        p._local_tensor = view
+    else:
+        p.data = view
+
+
+def like(p: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """`view` as a gradient for `p`: itself, or a DTensor with p's placements over it, so
+    autograd accumulates into the view in place."""
+    if not isinstance(p, DTensor):
+        return view
+    return DTensor.from_local(view, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (a collective over the tensor dimension for a DTensor),
+    fused parts back in the model's order."""
+    if not isinstance(t, DTensor):
+        return t
+    whole = t.full_tensor()
+    parts = getattr(t, FUSED, None)
+    if parts:
+        size = t.device_mesh.size()
+        rows = whole.shape[0]
+        whole = whole.reshape(size, parts, rows // (size * parts), -1).transpose(0, 1).reshape(t.shape)
+    return whole
+
+
+def rank_state_dict(module: nn.Module) -> dict:
+    """The module state dict with plain tensors: each DTensor as the piece this rank holds
+    (what a rank's checkpoint file keeps; torch.load(weights_only=True) reads it back)."""
+    return {k: local(v) for k, v in module.state_dict().items()}
+
+
+def load_rank_state_dict(module: nn.Module, state: dict, strict: bool = False):
+    """Load what rank_state_dict wrote: pieces go into DTensors' local tensors, the rest as
+    module.load_state_dict does. Returns (missing, unexpected) keys."""
+    current = module.state_dict(keep_vars=True)
+    pieces = {k for k, v in current.items() if isinstance(v, DTensor) and k in state}
+    rest = {k: v for k, v in state.items() if k not in pieces}
+    missing, unexpected = module.load_state_dict(rest, strict=False)
+    with torch.no_grad():
+        for k in pieces:
+            target = local(current[k])
+            if tuple(state[k].shape) != tuple(target.shape):
+                raise RuntimeError(f"{k}: the checkpoint holds a piece of shape {tuple(state[k].shape)}, this "
+                                   f"tensor rank's is {tuple(target.shape)}")
+            target.copy_(state[k])
+    return [k for k in missing if k not in pieces], unexpected

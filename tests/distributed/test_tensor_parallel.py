@@ -1,0 +1,120 @@
+"""Tensor parallelism (DTensor, the "tensor_parallel" block) on real gloo worlds against one
+process training the same model on the same global batch.
+
+2 ranks are tensor 2; 4 ranks are data 2 x tensor 2 (ranks 0, 1 a tensor pair on data index
+0). Every run has a sequence-length curriculum (a new length every step, then the top), fp32,
+clipping at 1.0 (active: the norms start above 2). Per-step losses (averaged over the data
+ranks), global gradient norms and the gathered weights must equal the one-process run's.
+The GPT has no biases here: AdamW turns the attention key bias's gradient, which is zero but
+for rounding, into full-size updates, so that weight is noise on any two runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tp_scenarios as ts
+
+STEPS = 10
+GLOBAL, MICRO = 8, 2
+
+
+def _close(got: dict, want: dict, rtol: float) -> None:
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.allclose(got[k], v, rtol=rtol, atol=rtol * v.abs().max().item()), k
+
+
+def _check(runs: list[dict], reference: dict, params_rtol: float = 1e-5) -> None:
+    data_world = runs[0]["data_world"]
+    losses = [sum(r["losses"][s] for r in runs) / len(runs) for s in range(STEPS)]  # every rank counts once per data index
+    assert losses == pytest.approx(reference["losses"], rel=1e-5)
+    for r in runs:
+        assert r["norms"] == pytest.approx(reference["norms"], rel=1e-5)
+        assert r["tokens"] == reference["tokens"]  # each token once, though every tensor rank reads it
+        _close(r["params"], reference["params"], params_rtol)
+    assert data_world * 2 == len(runs)
+
+
+def two_rank_cases(tmp: str) -> dict:
+    from zerotrain.errors import ConfigError
+
+    out = {"gpt": ts.train(ts.config(GLOBAL, MICRO, 0, tensor=2), STEPS),
+           "llama": ts.train(ts.config(GLOBAL, MICRO, 1, tensor=2), STEPS, model="llama")}
+    # save at step 3 of 6, load into a fresh engine, continue
+    out["straight"] = ts.train(ts.config(GLOBAL, MICRO, 1, tensor=2), 6, save=(f"{tmp}/ckpt", 3))
+    out["resumed"] = ts.train(ts.config(GLOBAL, MICRO, 1, tensor=2), 6, load=f"{tmp}/ckpt")
+    # fp16: an inf in tensor rank 1's loss at step 2 skips that step on both ranks
+    fp16 = ts.config(GLOBAL, MICRO, 0, tensor=2, curriculum=False, fp16={"enabled": True, "initial_scale_power": 8})
+    out["poisoned"] = ts.train(fp16, 3, poison=(1, 2))
+    out["unpoisoned"] = ts.train(fp16, 2)
+    errors = {}
+    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+    from zerotrain.errors import CheckpointError
+
+    try:
+        consolidate_checkpoint(f"{tmp}/ckpt")
+    except CheckpointError as e:
+        errors["consolidate"] = str(e)
+    for case in ("heads", "no_plan", "stage3"):
+        try:
+            ts.bad_input(case)
+        except ConfigError as e:
+            errors[case] = str(e)
+    out["errors"] = errors
+    return out
+
+
+def test_tensor_parallel_matches_one_process(world2, tmp_path):
+    ranks = world2.run(two_rank_cases, str(tmp_path), timeout=400)
+    _check([r["gpt"] for r in ranks], ts.train(ts.config(GLOBAL, MICRO, 0), STEPS))
+    # LLaMA's weights drift by AdamW's rounding noise a little more (its norms are learned from 1)
+    _check([r["llama"] for r in ranks], ts.train(ts.config(GLOBAL, MICRO, 1), STEPS, model="llama"), 1e-4)
+    for r in ranks:
+        assert r["gpt"]["seqlen"] == ts.SEQ
+        assert r["resumed"]["losses"] == r["straight"]["losses"][3:]  # resume is bit-identical
+        assert all(torch.equal(v, r["straight"]["params"][k]) for k, v in r["resumed"]["params"].items())
+        assert r["poisoned"]["skipped"] == [0, 0, 1]
+        assert all(torch.equal(v, r["unpoisoned"]["params"][k]) for k, v in r["poisoned"]["params"].items())
+    errors = ranks[0]["errors"]
+    assert errors == ranks[1]["errors"]
+    assert "the model has 3 attention heads, not divisible by 2" in errors["heads"]
+    assert "Sequential has no tensor-parallel plan" in errors["no_plan"]
+    assert "zero_optimization.stage 3 with tensor_parallel: use stage 0, 1 or 2" in errors["stage3"]
+    assert "a tensor-parallel checkpoint (tp_00-model_states.pt, ...)" in errors["consolidate"]
+    assert all("\n" not in e for e in errors.values())
+
+
+def four_rank_cases() -> dict:
+    return {stage: ts.train(ts.config(GLOBAL, MICRO, stage, tensor=2), STEPS) for stage in (1, 2)}
+
+
+def test_tensor_and_data_parallel_match_one_process(world4):
+    ranks = world4.run(four_rank_cases, timeout=400)
+    assert [r[1]["data"] for r in ranks] == [0, 0, 1, 1]  # tensor varies fastest
+    reference = ts.train(ts.config(GLOBAL, MICRO, 0), STEPS)
+    for stage in (1, 2):
+        _check([r[stage] for r in ranks], reference)
+
+
+def three_way_case() -> dict:
+    import pipe_scenarios as ps
+
+    from zerotrain.pipe import PipeModelDataParallelTopology
+
+    topology = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
+    return ps.pipeline_run(ps.config(GLOBAL, MICRO, 1), STEPS, topology=topology)
+
+
+def test_data_pipeline_and_tensor_parallel_match_one_process(world8):
+    """The pipeline scenario (curriculum, layer drop, a tied embedding) on 2 x 2 x 2 ranks."""
+    import pipe_scenarios as ps
+
+    ranks = world8.run(three_way_case, timeout=500)
+    assert [(r["stage"], r["data"]) for r in ranks] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    reference = ps.reference_run(ps.config(GLOBAL, MICRO, 1), STEPS)
+    for r in ranks:
+        assert r["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+        assert r["norms"] == pytest.approx(reference["norms"], rel=1e-5)
+        assert r["tokens"] == reference["tokens"]
