@@ -41,7 +41,8 @@ class _CPULowPrecisionLinear(torch.autograd.Function):
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (w.device.type == "cpu" and w.dtype in _LOW and isinstance(w, nn.Parameter) and torch.is_grad_enabled()
+        # type(w.data) is torch.Tensor: not a tensor-parallel DTensor, whose ops are its own
+        if (w.device.type == "cpu" and w.dtype in _LOW and type(w.data) is torch.Tensor and torch.is_grad_enabled()
                 and w.requires_grad):
             return _CPULowPrecisionLinear.apply(x, w, self.bias)
         return F.linear(x, w, self.bias)
