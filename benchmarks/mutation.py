@@ -1,0 +1,151 @@
+"""Mutation score of the pure modules (config, schedules, precision, features, the shard layout).
+
+    python benchmarks/mutation.py [layout schedules precision features config] [--fresh]
+                                  [--max-children 1] [--max-mutants N] [--survivors]
+
+mutmut (3.x, pinned in the test extras) makes small edits to the code (`<` -> `<=`, `+` ->
+`-`, a constant changed, a call argument dropped) and runs the tests that reach the edited
+function; a mutant no test notices is a gap in the tests or an edit that changes nothing.
+Each module runs on its own unit tests only (MODULES), in a scratch folder
+build/mutation/<module>/ that holds links to src/ and tests/ and a pyproject.toml with the
+module's [tool.mutmut] table: mutmut copies src/ into mutants/ there and puts that copy first
+on sys.path, so the tests import the mutated code, never the editable install. Results are
+kept between runs (mutmut only reruns what changed); --fresh starts over.
+
+Not part of `make test`: a whole run takes tens of minutes on 2 cores (`make mutation`).
+mutmut leaves decorated functions (pydantic validators, properties) and class bodies (field
+defaults) unmutated, so the score speaks for the plain functions and methods only.
+
+Prints, per module, killed / total and the score; --survivors lists the surviving mutants
+(see them with `cd build/mutation/<module> && mutmut show <name>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / "build" / "mutation"
+
+# module -> (files to mutate, the unit tests that cover them)
+MODULES: dict[str, tuple[list[str], list[str]]] = {
+    "layout": (["src/zerotrain/zero/layout.py"], ["tests/unit/zero/test_layout.py"]),
+    "schedules": (["src/zerotrain/schedules/*"], ["tests/unit/schedules"]),
+    "precision": (["src/zerotrain/precision/*"], ["tests/unit/precision"]),
+    "features": (["src/zerotrain/features/*"], ["tests/unit/features"]),
+    "config": (["src/zerotrain/config/*"], ["tests/unit/config"]),
+}
+
+# mutmut's exit codes, folded into four outcomes
+KILLED = {1, 3, 24, -24, 36, 152, 255}  # a failing test, or a timeout (the mutant loops)
+SURVIVED = {0}
+NO_TESTS = {5, 33}  # no selected test reaches the function
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(name: str, fresh: bool) -> Path:
+    """The module's scratch folder: links to src/ and tests/, and its own mutmut table."""
+    files, tests = MODULES[name]
+    where = SCRATCH / name
+    if fresh and where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True, exist_ok=True)
+    for link in ("src", "tests"):
+        if not (where / link).exists():
+            (where / link).symlink_to(ROOT / link)
+    (where / "pyproject.toml").write_text(
+        "[tool.mutmut]\n"
+        'source_paths = ["src"]\n'
+        f"only_mutate = {_toml_list(files)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+        "\n[tool.pytest.ini_options]\n"
+        'addopts = "-ra"\n')
+    return where
+
+
+def mutant_names(where: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=where,
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split(":")[0].strip() for line in out.splitlines() if ":" in line]
+
+
+def run(name: str, max_children: int, max_mutants: int | None, log) -> None:
+    where = SCRATCH / name
+    cmd = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()", "run",
+           "--max-children", str(max_children)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if max_mutants is not None:
+        # A seeded sample: generate the mutants (a run over no mutant names that exist would
+        # still test them all, so list them first with a run over one), then run the sample.
+        first = subprocess.run(cmd + ["__none__*"], cwd=where, env=env, stdout=log, stderr=log)
+        names = mutant_names(where)
+        sample = sorted(random.Random(0).sample(names, min(max_mutants, len(names))))
+        cmd = cmd + sample
+        del first
+    subprocess.run(cmd, cwd=where, env=env, stdout=log, stderr=log)
+
+
+def tally(where: Path) -> tuple[Counter, list[str]]:
+    """Outcome counts and the surviving mutants' names, read from mutmut's .meta files."""
+    counts: Counter = Counter()
+    survivors: list[str] = []
+    for meta in sorted((where / "mutants").rglob("*.meta")):
+        for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if code is None:
+                counts["not run"] += 1
+            elif code in KILLED:
+                counts["killed"] += 1
+            elif code in SURVIVED:
+                counts["survived"] += 1
+                survivors.append(key)
+            elif code in NO_TESTS:
+                counts["no tests"] += 1
+                survivors.append(key)
+            else:
+                counts[f"exit {code}"] += 1
+                survivors.append(key)
+    return counts, survivors
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("modules", nargs="*", default=list(MODULES), choices=list(MODULES))
+    p.add_argument("--fresh", action="store_true", help="forget earlier results")
+    p.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
+    p.add_argument("--max-mutants", type=int, help="run a seeded sample of this many mutants")
+    p.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    p.add_argument("--report-only", action="store_true", help="tally earlier results, run nothing")
+    args = p.parse_args()
+    rows = []
+    for name in args.modules:
+        where = prepare(name, args.fresh and not args.report_only)
+        if not args.report_only:
+            with open(where / "run.log", "w") as log:
+                run(name, args.max_children, args.max_mutants, log)
+        counts, survivors = tally(where)
+        tested = sum(counts.values()) - counts["not run"]
+        score = counts["killed"] / tested if tested else float("nan")
+        rows.append((name, counts, tested, score))
+        if args.survivors:
+            for s in survivors:
+                print(f"  {name}: {s}")
+    print(f"{'module':<10} {'killed':>7} {'survived':>9} {'no tests':>9} {'tested':>7} {'score':>7}")
+    for name, counts, tested, score in rows:
+        print(f"{name:<10} {counts['killed']:>7} {counts['survived']:>9} {counts['no tests']:>9} "
+              f"{tested:>7} {score:>7.1%}")
+
+
+if __name__ == "__main__":
+    main()
