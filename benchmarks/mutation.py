@@ -2,15 +2,17 @@
 
     python benchmarks/mutation.py [layout schedules precision features config] [--fresh]
                                   [--max-children 1] [--max-mutants N] [--survivors]
+                                  [--rerun-survivors] [--report-only]
 
 mutmut (3.x, pinned in the test extras) makes small edits to the code (`<` -> `<=`, `+` ->
 `-`, a constant changed, a call argument dropped) and runs the tests that reach the edited
 function; a mutant no test notices is a gap in the tests or an edit that changes nothing.
 Each module runs on its own unit tests only (MODULES), in a scratch folder
 build/mutation/<module>/ that holds links to src/ and tests/ and a pyproject.toml with the
-module's [tool.mutmut] table: mutmut copies src/ into mutants/ there and puts that copy first
-on sys.path, so the tests import the mutated code, never the editable install. Results are
-kept between runs (mutmut only reruns what changed); --fresh starts over.
+module's [tool.mutmut] table (and the README, which a config test reads): mutmut copies src/
+into mutants/ there and puts that copy first on sys.path, so the tests import the mutated
+code, never the editable install. Results are kept between runs (mutmut only reruns what
+changed); --fresh starts over, --rerun-survivors tests the survivors again (after new tests).
 
 Not part of `make test`: a whole run takes tens of minutes on 2 cores (`make mutation`).
 mutmut leaves decorated functions (pydantic validators, properties) and class bodies (field
@@ -61,12 +63,13 @@ def prepare(name: str, fresh: bool) -> Path:
     if fresh and where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True, exist_ok=True)
-    for link in ("src", "tests"):
+    for link in ("src", "tests", "README.md"):  # the README: a config test checks its key table
         if not (where / link).exists():
             (where / link).symlink_to(ROOT / link)
     (where / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
+        'also_copy = ["README.md"]\n'
         f"only_mutate = {_toml_list(files)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
@@ -81,12 +84,14 @@ def mutant_names(where: Path) -> list[str]:
     return [line.split(":")[0].strip() for line in out.splitlines() if ":" in line]
 
 
-def run(name: str, max_children: int, max_mutants: int | None, log) -> None:
+def run(name: str, max_children: int, max_mutants: int | None, rerun: bool, log) -> None:
     where = SCRATCH / name
     cmd = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()", "run",
            "--max-children", str(max_children)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if max_mutants is not None:
+    if rerun:  # named mutants are run again; the others' results stand
+        cmd = cmd + tally(where)[1]
+    elif max_mutants is not None:
         # A seeded sample: generate the mutants (a run over no mutant names that exist would
         # still test them all, so list them first with a run over one), then run the sample.
         first = subprocess.run(cmd + ["__none__*"], cwd=where, env=env, stdout=log, stderr=log)
@@ -126,6 +131,7 @@ def main() -> None:
     p.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
     p.add_argument("--max-mutants", type=int, help="run a seeded sample of this many mutants")
     p.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    p.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
     p.add_argument("--report-only", action="store_true", help="tally earlier results, run nothing")
     args = p.parse_args()
     rows = []
@@ -133,7 +139,7 @@ def main() -> None:
         where = prepare(name, args.fresh and not args.report_only)
         if not args.report_only:
             with open(where / "run.log", "w") as log:
-                run(name, args.max_children, args.max_mutants, log)
+                run(name, args.max_children, args.max_mutants, args.rerun_survivors, log)
         counts, survivors = tally(where)
         tested = sum(counts.values()) - counts["not run"]
         score = counts["killed"] / tested if tested else float("nan")
