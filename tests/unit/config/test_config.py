@@ -761,3 +761,22 @@ def test_stage3_sizes_measured_from_the_model_are_settled_once():
     given.settle_from_model(1234, 99)
     assert (given.prefetch_bucket_size, given.max_reuse_distance) == (10, 20)  # the user's values stand
     assert "prefetch_bucket_size" not in given.settled and "max_reuse_distance" not in given.settled
+
+
+def test_unreadable_config_strings_are_one_line_each():
+    from zerotrain.config import read_config
+
+    for text, message in (
+            ('{"a": 1' + "0" * 5000 + "}", "config string: invalid JSON: Exceeds the limit (4300 digits) for integer "
+                                          "string conversion"),
+            ("{a: " + "[" * 100000 + "}", "config string: invalid JSON: nested too deeply"),
+            ("{" + '"a": {' * 100000 + "}", "config string: invalid JSON: nested too deeply")):
+        with pytest.raises(ConfigError) as info:
+            read_config(text)
+        assert str(info.value) == message
+    # a string too long to be a file name was an OSError from Path.exists() (found with mutmut's help)
+    for text in ("[" * 100000, "A" * 300):
+        with pytest.raises(ConfigError, match=r": cannot read config: File name too long$"):
+            read_config(text)
+    assert read_config("{a: [1, {b: 2}], c: 1.5}") == {"a": [1, {"b": 2}], "c": 1.5}  # hjson, as plain types
+    assert type(read_config("{a: [1, {b: 2}]}")["a"][1]) is dict
