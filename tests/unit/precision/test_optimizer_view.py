@@ -15,14 +15,25 @@ def _adamw():
     return torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))], lr=0.1)
 
 
+def _fresh():
+    """An optimizer of a class no earlier test exposed (the view classes are cached per class)."""
+
+    class MyAdamW(torch.optim.AdamW):
+        """A user's own optimizer class."""
+
+    return MyAdamW([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+
+
 def test_the_optimizer_keeps_its_class_and_reads_the_scaler():
-    opt = _adamw()
+    opt = _fresh()
+    torch_cls = type(opt)
     scaler = DynamicLossScaler(init_scale=2**8, scale_window=7)
     assert expose_loss_scale(opt, scaler) is opt
-    assert isinstance(opt, torch.optim.AdamW)
+    assert isinstance(opt, torch_cls) and isinstance(opt, torch.optim.AdamW)
     cls = type(opt)
+    assert cls is not torch_cls
     assert (cls.__name__, cls.__qualname__, cls.__module__, cls.__doc__) == (
-        "AdamW", torch.optim.AdamW.__qualname__, torch.optim.AdamW.__module__, torch.optim.AdamW.__doc__)
+        "MyAdamW", torch_cls.__qualname__, torch_cls.__module__, "A user's own optimizer class.")
     assert (opt.cur_scale, opt.loss_scale, opt.dynamic_loss_scale, opt.scale_window) == (256.0, 256.0, True, 7)
     assert opt.loss_scale_config is scaler
     scaler.update_scale(True)
@@ -31,10 +42,11 @@ def test_the_optimizer_keeps_its_class_and_reads_the_scaler():
 
 
 def test_one_view_class_per_torch_class_and_a_second_expose_swaps_the_scaler():
-    a, b = _adamw(), _adamw()
+    a = _fresh()
+    b = type(a)([torch.nn.Parameter(torch.ones(3))], lr=0.1)
     expose_loss_scale(a, DynamicLossScaler())
     expose_loss_scale(b, StaticLossScaler(4.0))
-    assert type(a) is type(b) and type(a) is not torch.optim.AdamW
+    assert type(a) is type(b) and type(a).__bases__[1].__name__ == "MyAdamW"
     view = type(a)
     expose_loss_scale(a, StaticLossScaler(8.0))
     assert type(a) is view and a.loss_scale == 8.0 and a.dynamic_loss_scale is False and a.scale_window is None
