@@ -449,3 +449,23 @@ def test_a_schedule_that_gives_no_positive_length_is_refused():
         engine(torch.ones(4))
     assert str(info.value) == ("curriculum_learning: no (batch, sequence) tensor in the forward inputs to cut; pass "
                                "input_ids (or a 2-D token tensor first)")
+
+
+def test_the_feature_reports_the_sequence_length_it_passes():
+    engine = start(Recorder(), config(micro=1, curriculum_learning=linear_curriculum(2, 8, 4, 2)))
+    run_steps(engine, 2, batch=lambda s: torch.ones(1, 4))
+    feature = next(f for f in engine.features if f.name == "curriculum_learning")
+    assert feature.value("curriculum_seqlen") == 4 == engine.feature_value("curriculum_seqlen")
+    assert feature.log_fields(engine) == {"seqlen": 4} and feature.value("pld_theta") is None
+
+
+def test_a_forward_without_a_readable_signature_is_passed_the_kwarg():
+    from types import SimpleNamespace
+
+    from zerotrain.features.curriculum import CurriculumFeature
+
+    model = torch.nn.Module()
+    model.forward = torch.relu  # a builtin: its parameters cannot be read, so **kwargs is assumed
+    feature = CurriculumFeature(sched(total_curriculum_step=8, difficulty_step=8))
+    feature.on_train_start(SimpleNamespace(module=model, comm=SimpleNamespace(rank=1)))
+    assert feature.pass_kwarg is True

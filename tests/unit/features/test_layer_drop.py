@@ -266,6 +266,8 @@ def test_hf_model_is_wrapped_at_initialize(zerotrain_log):
     engine = start(model, config(progressive_layer_drop=pld(0.0, 1.0)))
     assert isinstance(model.model.layers, layerdrop.LayerDrop)
     assert any("made switchable" in m for m in zerotrain_log.messages)
+    assert (f"progressive layer drop: {len(model.model.layers)} blocks of LlamaForCausalLM made switchable"
+            in zerotrain_log.messages)
     x = tokens(0)
     for _ in range(4):
         out = engine(input_ids=x, labels=x)
@@ -438,3 +440,18 @@ def test_a_forward_with_var_kwargs_is_accepted_and_the_feature_reports_theta():
                                                   r"has switchable blocks\), wrap an HF model with "
                                                   r"zerotrain.wrap\(model\), or disable progressive_layer_drop$"):
         start(nn.Sequential(nn.Linear(4, 1)), config(progressive_layer_drop=pld()))
+
+
+def test_only_rank_0_says_layer_drop_is_on(zerotrain_log, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    ProgressiveLayerDrop(theta=0.5)
+    monkeypatch.setenv("RANK", "0")
+    ProgressiveLayerDrop(theta=0.25)
+    said = {m for m in zerotrain_log.messages if m.startswith("Enabled progressive layer dropping")}
+    assert said == {"Enabled progressive layer dropping (theta = 0.25)"}
+
+
+def test_a_forward_without_a_readable_signature_does_not_take_the_kwargs():
+    model = nn.Module()
+    model.forward = torch.relu  # a builtin: inspect.signature cannot read it
+    assert takes_pld_kwargs(model) is False
