@@ -95,7 +95,10 @@ def run(name: str, max_children: int, max_mutants: int | None, rerun: bool, log)
            "--max-children", str(max_children)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if rerun:  # named mutants are run again; the others' results stand
-        cmd = cmd + tally(where)[1]
+        names = tally(where)[1]
+        if max_mutants is not None:
+            names = sorted(random.Random(0).sample(names, min(max_mutants, len(names))))
+        cmd = cmd + names
     elif max_mutants is not None:
         # A seeded sample: generate the mutants (a run over no mutant names that exist would
         # still test them all, so list them first with a run over one), then run the sample.
@@ -137,7 +140,8 @@ def main() -> None:
     p.add_argument("modules", nargs="*", default=list(MODULES), choices=list(MODULES))
     p.add_argument("--fresh", action="store_true", help="forget earlier results")
     p.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
-    p.add_argument("--max-mutants", type=int, help="run a seeded sample of this many mutants")
+    p.add_argument("--max-mutants", type=int, help="run a seeded sample of this many mutants (of the survivors "
+                                                    "with --rerun-survivors)")
     p.add_argument("--survivors", action="store_true", help="list the surviving mutants")
     p.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
     p.add_argument("--report-only", action="store_true", help="tally earlier results, run nothing")
