@@ -1,8 +1,8 @@
 """Mutation score of the pure modules (config, schedules, precision, features, the shard layout).
 
     python benchmarks/mutation.py [layout schedules precision features config] [--fresh]
-                                  [--max-children 1] [--max-mutants N] [--survivors]
-                                  [--rerun-survivors] [--report-only]
+                                  [--max-children 1] [--survivors] [--report-only]
+                                  [--rerun-survivors [--max-mutants N]]
 
 mutmut (3.x, pinned in the test extras) makes small edits to the code (`<` -> `<=`, `+` ->
 `-`, a constant changed, a call argument dropped) and runs the tests that reach the edited
@@ -83,12 +83,6 @@ def prepare(name: str, fresh: bool) -> Path:
     return where
 
 
-def mutant_names(where: Path) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=where,
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split(":")[0].strip() for line in out.splitlines() if ":" in line]
-
-
 def run(name: str, max_children: int, max_mutants: int | None, rerun: bool, log) -> None:
     where = SCRATCH / name
     cmd = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()", "run",
@@ -99,14 +93,6 @@ def run(name: str, max_children: int, max_mutants: int | None, rerun: bool, log)
         if max_mutants is not None:
             names = sorted(random.Random(0).sample(names, min(max_mutants, len(names))))
         cmd = cmd + names
-    elif max_mutants is not None:
-        # A seeded sample: generate the mutants (a run over no mutant names that exist would
-        # still test them all, so list them first with a run over one), then run the sample.
-        first = subprocess.run(cmd + ["__none__*"], cwd=where, env=env, stdout=log, stderr=log)
-        names = mutant_names(where)
-        sample = sorted(random.Random(0).sample(names, min(max_mutants, len(names))))
-        cmd = cmd + sample
-        del first
     subprocess.run(cmd, cwd=where, env=env, stdout=log, stderr=log)
 
 
@@ -137,15 +123,20 @@ def tally(where: Path) -> tuple[Counter, list[str]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("modules", nargs="*", default=list(MODULES), choices=list(MODULES))
+    p.add_argument("modules", nargs="*", help=f"of {', '.join(MODULES)} (default: all)")
     p.add_argument("--fresh", action="store_true", help="forget earlier results")
     p.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
-    p.add_argument("--max-mutants", type=int, help="run a seeded sample of this many mutants (of the survivors "
-                                                    "with --rerun-survivors)")
+    p.add_argument("--max-mutants", type=int, help="with --rerun-survivors: a seeded sample of this many")
     p.add_argument("--survivors", action="store_true", help="list the surviving mutants")
     p.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
     p.add_argument("--report-only", action="store_true", help="tally earlier results, run nothing")
     args = p.parse_args()
+    args.modules = args.modules or list(MODULES)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        p.error(f"unknown module {unknown[0]!r}: choose from {', '.join(MODULES)}")
+    if args.max_mutants is not None and not args.rerun_survivors:
+        p.error("--max-mutants samples the survivors of an earlier run: give --rerun-survivors too")
     rows = []
     for name in args.modules:
         where = prepare(name, args.fresh and not args.report_only)
