@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench mutation clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/stage0_vs_ddp.py
+
+# The mutation score of the pure modules (tens of minutes; not part of test).
+mutation: setup
+	nice -n 10 $(PY) benchmarks/mutation.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -41,7 +41,7 @@ def read_config(source: Any) -> dict:
     if isinstance(source, str) and text.lstrip().startswith("{"):
         return _parse(text, "config string")
     path = Path(text).expanduser()
-    if isinstance(source, str) and not path.exists() and "\n" not in text and _BASE64.match(text):
+    if isinstance(source, str) and not _exists(path) and "\n" not in text and _BASE64.match(text):
         decoded = _from_base64(text)
         if decoded is not None:
             return _parse(decoded, "base64 config")
@@ -53,6 +53,13 @@ def read_config(source: Any) -> dict:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(f"{path}: cannot read config: {reason}") from None
     return _parse(content, str(path))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to be a file's (ENAMETOOLONG): read_text then says so
+        return False
 
 
 def _from_base64(text: str) -> str | None:

@@ -716,3 +716,69 @@ def test_model_validate_direct_keeps_batch_fields_optional():
     # Without the loader nothing is resolved; the engine must go through load_config.
     cfg = ZeroTrainConfig.model_validate({"train_batch_size": 8})
     assert cfg.train_micro_batch_size_per_gpu is None and cfg.raw == {}
+
+
+# ---- pieces the loader leans on (found unpinned by benchmarks/mutation.py) -------------------
+def test_base64_configs_of_every_padding_and_what_is_not_one(tmp_path):
+    import base64
+
+    from zerotrain.config import read_config
+
+    for digits in ("1", "11", "111"):  # 23, 24, 25 bytes: 1, 0 and 2 "=" to add back
+        text = base64.urlsafe_b64encode(f'{{"train_batch_size": {digits}}}'.encode()).decode().rstrip("=")
+        assert read_config(text) == {"train_batch_size": int(digits)}
+    spaced = base64.urlsafe_b64encode(b'  {"train_batch_size": 2}').decode()
+    assert read_config(spaced) == {"train_batch_size": 2}  # leading blanks before the object are fine
+    not_an_object = base64.urlsafe_b64encode(b"[1, 2]").decode()
+    with pytest.raises(ConfigError, match=r": config file not found$"):
+        read_config(not_an_object)  # decodes, but to no JSON object: read as a (missing) path
+
+
+def test_is_off():
+    from zerotrain.config.extras import is_off
+
+    assert is_off(None) and is_off({"enabled": False}) and is_off({"a": {"enabled": False}, "b": {"enabled": False}})
+    assert not is_off(3) and not is_off({}) and not is_off({"enabled": True}) and not is_off({"enabled": 0})
+    assert not is_off({"a": {"enabled": False}, "b": {"enabled": True}})
+
+
+def test_check_keys_names_the_first_unknown_key_and_skips_comments():
+    from zerotrain.config.loader import check_keys
+
+    assert check_keys({"train_batch_size": 8, "_c": {"anything": 1}, "zero_optimization": {"_note": 1}}) is None
+    with pytest.raises(ConfigError, match=r"^zero_optimization.stagee: unknown key, did you mean stage\?$"):
+        check_keys({"train_batch_size": 8, "zero_optimization": {"stagee": 1}})
+
+
+def test_stage3_sizes_measured_from_the_model_are_settled_once():
+    cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3}})
+    zero = cfg.zero_optimization
+    assert zero.prefetch_bucket_size is None and zero.max_reuse_distance is None
+    zero.settle_from_model(1234.0, 99)
+    assert (zero.prefetch_bucket_size, zero.max_reuse_distance) == (1234, 99)
+    assert zero.settled["prefetch_bucket_size"] == "zerotrain default: about two typical modules of this model"
+    assert zero.settled["max_reuse_distance"] == "zerotrain default: the prefetch window"
+    given = load_config({"train_batch_size": 8, "zero_optimization": {
+        "stage": 3, "stage3_prefetch_bucket_size": 10, "stage3_max_reuse_distance": 20}}).zero_optimization
+    given.settle_from_model(1234, 99)
+    assert (given.prefetch_bucket_size, given.max_reuse_distance) == (10, 20)  # the user's values stand
+    assert "prefetch_bucket_size" not in given.settled and "max_reuse_distance" not in given.settled
+
+
+def test_unreadable_config_strings_are_one_line_each():
+    from zerotrain.config import read_config
+
+    for text, message in (
+            ('{"a": 1' + "0" * 5000 + "}", "config string: invalid JSON: Exceeds the limit (4300 digits) for integer "
+                                          "string conversion"),
+            ("{a: " + "[" * 100000 + "}", "config string: invalid JSON: nested too deeply"),
+            ("{" + '"a": {' * 100000 + "}", "config string: invalid JSON: nested too deeply")):
+        with pytest.raises(ConfigError) as info:
+            read_config(text)
+        assert str(info.value) == message
+    # a string too long to be a file name was an OSError from Path.exists() (found with mutmut's help)
+    for text in ("[" * 100000, "A" * 300):
+        with pytest.raises(ConfigError, match=r": cannot read config: File name too long$"):
+            read_config(text)
+    assert read_config("{a: [1, {b: 2}], c: 1.5}") == {"a": [1, {"b": 2}], "c": 1.5}  # hjson, as plain types
+    assert type(read_config("{a: [1, {b: 2}]}")["a"][1]) is dict

@@ -10,7 +10,7 @@ import pytest
 
 from zerotrain.cli import main
 from zerotrain.config import EFFECTS, load_config
-from zerotrain.config.report import key_table, no_effect_keys, rows
+from zerotrain.config.report import key_table, no_effect_keys, notice, rows
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -138,3 +138,42 @@ def test_config_command_lists_refusals_and_exits_2(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == (
         "zerotrain: error: zero_optimization.stagee: unknown key, did you mean stage?")
+
+
+def test_readme_table_has_no_key_the_schema_lacks():
+    import re
+
+    from zerotrain.config import EFFECTS
+
+    row = re.compile(r"^\| `([^`]+)` \| (" + "|".join(map(re.escape, EFFECTS)) + r") \|", re.M)
+    listed = {m.group(1) for m in row.finditer(README.read_text(encoding="utf-8"))}
+    table = {key for key, _, _ in key_table()}
+    assert listed == table  # both ways: a block's keys after another block's are walked too
+    assert {"zero_optimization.offload_param.device", "wall_clock_breakdown",
+            "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<name>.difficulty_type"} <= table
+
+
+def test_sources_word_for_word():
+    raw = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1, "_c": 1,
+           "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"},
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": 1e-8}},
+           "sparse_attention": {"enabled": False}, "tensorboard": {"enabled": True}}
+    cfg = load_config(raw, auto_values={"train_micro_batch_size_per_gpu": 2, "optimizer.params.lr": 1e-3})
+    got = {key: (value, source) for key, value, source in rows(cfg)}
+    assert got["_c"] == ("", "user, no effect: a comment")
+    assert got["train_micro_batch_size_per_gpu"] == ("2", "auto: the trainer fills it from per_device_train_batch_size")
+    assert got["optimizer.params.lr"] == ("0.001", "auto: the trainer fills it from learning_rate")
+    assert got["optimizer.params.eps"] == ("1e-08", "user")
+    # refused unless off: the first clause says what is not built
+    assert got["sparse_attention"] == ('{"enabled": false}', "user, no effect: sparse attention changes the model "
+                                                             "and is not built (DeepSpeed 0.19.8 removed it too)")
+    assert got["max_consecutive_skipped_steps"] == ("100", "zerotrain default: 100 (zerotrain's own key)")
+    assert got["zero_optimization.prefetch_bucket_size"] == (
+        "null", "auto -> zerotrain default: about two typical modules of the model (DeepSpeed: 5e7, a small model "
+                "whole), measured at initialize; zerotrain train and zerotrain.Trainer fill 0.9 x the model's hidden "
+                "size squared")
+    assert got["zero_optimization.max_reuse_distance"] == (
+        "null", "zerotrain default: the prefetch window (DeepSpeed: 1e9, a small model whole), measured at initialize")
+    assert notice(cfg) == ("config keys accepted with no effect in zerotrain (`zerotrain config FILE` says why): "
+                           "_c, tensorboard, sparse_attention")
+    assert notice(load_config({"train_batch_size": 8})) is None

@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import zerotrain
 from feature_models import (SEQ, VOCAB, Recorder, config, linear_curriculum, run_steps, single_process,  # noqa: F401
-                            start, tiny_gpt, tokens)
+                            start, tiny_gpt, tokens, zerotrain_log)
 from zerotrain import CurriculumScheduler
 from zerotrain.errors import ConfigError
 from zerotrain.features.curriculum import fixed_discrete_difficulty, fixed_root_difficulty
@@ -238,7 +238,8 @@ def test_custom_schedule_through_the_engine():
 
 def test_custom_schedule_needs_curriculum_on():
     engine = start(Recorder(), config())
-    with pytest.raises(RuntimeError, match="not enabled"):
+    with pytest.raises(RuntimeError, match="^set_custom_curriculum_learning_schedule: curriculum learning is not "
+                                           "enabled$"):
         engine.set_custom_curriculum_learning_schedule(lambda s: s)
 
 
@@ -303,3 +304,168 @@ def test_frozen_difficulty_survives_a_resume(tmp_path):
     resumed.load_checkpoint(tmp_path)
     assert run_steps(resumed, 2) == losses
     assert seen == [16, 16]
+
+
+# ---- every refusal, word for word (the message is the interface) ---------------------------------
+_B = {"min_difficulty": 8, "max_difficulty": 64}
+
+
+def _linear(**over):
+    return {**_B, "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 8},
+            **over}
+
+
+@pytest.mark.parametrize("block,message", [
+    (3, "curriculum_learning: should be a JSON object, got int"),
+    ({**_B, "schedule_type": "fixed_lin"}, "curriculum_learning.schedule_type: should be one of fixed_linear, "
+                                           "fixed_root, fixed_discrete, custom, got 'fixed_lin', did you mean fixed_linear?"),
+    (_linear(min_difficulty="8"), "curriculum_learning.min_difficulty: should be an integer, got '8'"),
+    (_linear(max_difficulty=64.0), "curriculum_learning.max_difficulty: should be an integer, got 64.0"),
+    ({**_B, "schedule_type": "custom", "schedule_config": {"x": 1}},
+     "curriculum_learning.schedule_config.x: unknown key for schedule_type custom (schedule_type custom takes no "
+     "schedule_config)"),
+    (_linear(schedule_config={"total_curriculum_stp": 1, "difficulty_step": 8}),
+     "curriculum_learning.schedule_config.total_curriculum_stp: unknown key for schedule_type fixed_linear, did you "
+     "mean total_curriculum_step?"),
+    ({**_B, "schedule_type": "fixed_root", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 8}},
+     "curriculum_learning.schedule_config.root_degree is missing: schedule_type fixed_root needs "
+     "total_curriculum_step, difficulty_step, root_degree"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [], "max_step": []}},
+     "curriculum_learning.schedule_config.difficulty: should be a non-empty list of integers, got []"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [8, 16], "max_step": [1.5]}},
+     "curriculum_learning.schedule_config.max_step: should be a non-empty list of integers, got [1.5]"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": "8", "max_step": [1]}},
+     "curriculum_learning.schedule_config.difficulty: should be a non-empty list of integers, got '8'"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [8, 16, 32], "max_step": [5]}},
+     "curriculum_learning.schedule_config.max_step: needs one entry fewer than difficulty (3 levels need 2 "
+     "boundaries), got 1"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [8, 16, 32], "max_step": [5, 5]}},
+     "curriculum_learning.schedule_config.max_step: should be strictly increasing, got [5, 5]"),
+    ({**_B, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [8, 16, 24, 32],
+                                                                   "max_step": [2, 5, 4]}},
+     "curriculum_learning.schedule_config.max_step: should be strictly increasing, got [2, 5, 4]"),
+    ({**_B, "schedule_type": "fixed_root", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 8,
+                                                               "root_degree": 0}},
+     "curriculum_learning.schedule_config.root_degree: should be a positive integer, got 0"),
+    (_linear(min_difficulty=64, max_difficulty=8), "curriculum_learning.min_difficulty: 64 is above max_difficulty 8"),
+])
+def test_each_refusal_says_what_is_wrong_in_full(block, message):
+    with pytest.raises(ConfigError) as info:
+        CurriculumScheduler(block)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("step,warned", [(4, True), (8, False), (16, False)])
+def test_a_difficulty_step_off_multiples_of_8_is_a_warning(zerotrain_log, step, warned):
+    CurriculumScheduler(_linear(schedule_config={"total_curriculum_step": 8, "difficulty_step": step}))
+    want = [f"curriculum_learning.schedule_config.difficulty_step {step} is not a multiple of 8: tensor cores "
+            "prefer multiples of 8"]
+    assert [m for m in zerotrain_log.messages if "difficulty_step" in m] == (want if warned else [])
+
+
+def test_fixed_root_uses_its_degree_and_custom_says_how_to_set_a_function():
+    s = CurriculumScheduler({**_B, "schedule_type": "fixed_root",
+                             "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8, "root_degree": 2}})
+    assert s.get_difficulty(25) == fixed_root_difficulty(25, 8, 64, 100, 8, 2) != fixed_root_difficulty(25, 8, 64, 100, 8)
+    custom = CurriculumScheduler({**_B, "schedule_type": "custom"})
+    with pytest.raises(ConfigError) as info:
+        custom.get_difficulty(3)
+    assert str(info.value) == ("curriculum_learning: schedule_type custom needs a function; call "
+                               "engine.set_custom_curriculum_learning_schedule(fn) or "
+                               "scheduler.set_custom_get_difficulty(fn) first")
+    custom.set_current_difficulty(24)
+    assert custom.get_current_difficulty() == 24 and custom.state_dict()["current_difficulty"] == 24
+
+
+def test_a_state_dict_is_a_copy():
+    s = sched(total_curriculum_step=8, difficulty_step=8)
+    state = s.state_dict()
+    state["schedule_config"]["difficulty_step"] = 99
+    assert s.get_state()["schedule_config"]["difficulty_step"] == 8
+
+
+def test_data_efficiency_errors_name_their_own_path():
+    where = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
+    cases = [({"vocabularyrarity": metric()}, f"{where}.vocabularyrarity: metric not supported by zerotrain; only a "
+                                              "sequence-length curriculum (seqlen or seqlen_truncate) is implemented"),
+             ({"seqlen": metric(), "seqlen_truncate": metric()}, f"{where}: give exactly one of seqlen, seqlen_truncate"),
+             ({"seqlen": metric(difficulty_type="percentile")}, f"{where}.seqlen.difficulty_type: percentile is not "
+                                                                "supported for a sequence-length curriculum; use value"),
+             ({"seqlen": metric(min_difficulty=12)}, f"{where}.seqlen.min_difficulty: 12 is above max_difficulty 10")]
+    for metrics, message in cases:
+        with pytest.raises(ConfigError) as info:
+            zerotrain.initialize(model=Recorder(), config=config(data_efficiency=data_efficiency(metrics)))
+        assert str(info.value) == message
+
+
+def test_both_forms_at_once_says_keep_one_and_other_curriculum_types_move_without_cutting(zerotrain_log):
+    with pytest.raises(ConfigError) as info:
+        zerotrain.initialize(model=Recorder(), config=config(curriculum_learning=linear_curriculum(2, 10, 8, 2),
+                                                             data_efficiency=data_efficiency({"seqlen": metric()})))
+    assert str(info.value) == ("curriculum_learning and data_efficiency.data_sampling.curriculum_learning are both "
+                               "enabled; keep one")
+    model = Recorder()
+    engine = start(model, config(micro=1, curriculum_learning={**linear_curriculum(2, 8, 4, 2),
+                                                               "curriculum_type": "vocab"}))
+    assert ("curriculum learning on (fixed_linear, difficulty 2 -> 8), curriculum_type 'vocab': the schedule moves, "
+            "nothing is passed or cut") in zerotrain_log.messages
+    run_steps(engine, 2, batch=lambda s: torch.ones(1, 4))
+    assert [c["curriculum_seqlen"] for c in model.calls] == [None, None] and [c["shape"] for c in model.calls] == [(1, 4)] * 2
+    feature = next(f for f in engine.features if f.name == "curriculum_learning")
+    assert feature.log_fields(engine) == {"difficulty": 4} and feature.value("curriculum_seqlen") is None
+
+
+def test_the_engine_log_says_how_the_curriculum_acts(zerotrain_log):
+    start(Recorder(), config(curriculum_learning=linear_curriculum(2, 8, 4, 2)))
+    start(nn_plain(), config(curriculum_learning=linear_curriculum(2, 8, 4, 2)))
+    msgs = [m for m in zerotrain_log.messages if m.startswith("curriculum learning on")]
+    assert msgs == ["curriculum learning on (fixed_linear, difficulty 2 -> 8), passing curriculum_seqlen to the model",
+                    "curriculum learning on (fixed_linear, difficulty 2 -> 8), cutting the batch"]
+
+
+def nn_plain():
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            return (self.w * x.float()).mean()
+    return Plain()
+
+
+def test_a_schedule_that_gives_no_positive_length_is_refused():
+    block = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 2, "max_difficulty": 12,
+             "schedule_type": "custom"}
+    engine = start(Recorder(), config(micro=1, curriculum_learning=block))
+    for bad in (0, 2.5):
+        engine.set_custom_curriculum_learning_schedule(lambda step, bad=bad: bad)
+        with pytest.raises(ConfigError) as info:
+            engine(torch.ones(1, 4))
+        assert str(info.value) == (f"curriculum_learning: the schedule gave sequence length {bad!r}; it must be a "
+                                   "positive integer")
+    engine = start(nn_plain(), config(micro=1, curriculum_learning=linear_curriculum(2, 8, 4, 2)))
+    with pytest.raises(zerotrain.errors.DataError) as info:
+        engine(torch.ones(4))
+    assert str(info.value) == ("curriculum_learning: no (batch, sequence) tensor in the forward inputs to cut; pass "
+                               "input_ids (or a 2-D token tensor first)")
+
+
+def test_the_feature_reports_the_sequence_length_it_passes():
+    engine = start(Recorder(), config(micro=1, curriculum_learning=linear_curriculum(2, 8, 4, 2)))
+    run_steps(engine, 2, batch=lambda s: torch.ones(1, 4))
+    feature = next(f for f in engine.features if f.name == "curriculum_learning")
+    assert feature.value("curriculum_seqlen") == 4 == engine.feature_value("curriculum_seqlen")
+    assert feature.log_fields(engine) == {"seqlen": 4} and feature.value("pld_theta") is None
+
+
+def test_a_forward_without_a_readable_signature_is_passed_the_kwarg():
+    from types import SimpleNamespace
+
+    from zerotrain.features.curriculum import CurriculumFeature
+
+    model = torch.nn.Module()
+    model.forward = torch.relu  # a builtin: its parameters cannot be read, so **kwargs is assumed
+    feature = CurriculumFeature(sched(total_curriculum_step=8, difficulty_step=8))
+    feature.on_train_start(SimpleNamespace(module=model, comm=SimpleNamespace(rank=1)))
+    assert feature.pass_kwarg is True

@@ -266,6 +266,8 @@ def test_hf_model_is_wrapped_at_initialize(zerotrain_log):
     engine = start(model, config(progressive_layer_drop=pld(0.0, 1.0)))
     assert isinstance(model.model.layers, layerdrop.LayerDrop)
     assert any("made switchable" in m for m in zerotrain_log.messages)
+    assert (f"progressive layer drop: {len(model.model.layers)} blocks of LlamaForCausalLM made switchable"
+            in zerotrain_log.messages)
     x = tokens(0)
     for _ in range(4):
         out = engine(input_ids=x, labels=x)
@@ -286,3 +288,170 @@ def test_pld_and_curriculum_survive_a_resume(tmp_path):
     resumed.load_checkpoint(tmp_path)
     assert (resumed.get_pld_theta(), resumed.feature_value("curriculum_seqlen")) == (theta, seqlen)
     assert run_steps(resumed, 5) == losses  # same masks, same lengths: bit-identical
+
+
+# ---- the mask generator and the stand-ins, piece by piece ----------------------------------------
+from zerotrain.features.layer_drop import LayerDrop, LayerDropFeature, _mix, keep_mask, takes_pld_kwargs  # noqa: E402
+
+
+def test_the_seed_mixer_is_splitmix64():
+    # SplitMix64's published first outputs from state 0 (0xe220..., then 0x6e78... one step on):
+    # _mix(seed, key) is the output from state seed * golden + key
+    assert _mix(0, 0) == 0xE220A8397B1DCDAF
+    assert _mix(1, 0) == _mix(0, 0x9E3779B97F4A7C15) == 0x6E789E6AA1B965F4
+
+
+def test_masks_are_reproducible_across_versions():
+    # Stored masks: a resumed run (or a checkpoint from an older zerotrain) must draw these again.
+    assert ["".join("1" if k else "0" for k in keep_mask(8, 0.5, 1234, key)) for key in range(8)] == [
+        "10100110", "10110011", "11111110", "01101000", "01110000", "11111111", "11111111", "11111000"]
+
+
+class _Triple(nn.Module):
+    """An older-HF-style block: (hidden, extra, extra), called with hidden_states=."""
+
+    def __init__(self, add: float):
+        super().__init__()
+        self.add, self.attention_type = add, f"kind{add:g}"
+
+    def forward(self, hidden_states):
+        return hidden_states + self.add, "a", "b"
+
+
+def test_tuple_blocks_by_keyword_keep_their_extras_and_dropped_ones_match_the_arity():
+    blocks = LayerDrop([_Triple(1.0), _Triple(2.0), _Triple(3.0), _Triple(4.0)], seed=7)
+    blocks.plan(0.5)
+    mask, probs = blocks.mask, blocks.probs
+    x, checked = torch.zeros(2), set()
+    for i, layer in enumerate(blocks):
+        out = layer(hidden_states=x)
+        assert layer.attention_type == f"kind{i + 1}"  # stand-ins read through to the block
+        if mask[i]:
+            assert out[1:] == ("a", "b") and torch.allclose(out[0], x + (i + 1.0) / probs[i])
+            checked.add("kept")
+        elif any(mask[:i]):  # after a kept block the arity is known
+            assert out[0] is x and out[1:] == (None, None)
+            checked.add("dropped")
+        x = out[0]
+    assert checked == {"kept", "dropped"}  # this seed's draw has both
+
+
+def test_a_dropped_block_returns_its_input_unchanged():
+    blocks = LayerDrop([_Triple(1.0), _Triple(2.0)])
+    blocks.mask, blocks.probs = [True, False], [0.5, 0.25]
+    first, second = list(blocks)
+    x = torch.ones(2)
+    assert torch.equal(first(hidden_states=x)[0], x + 2.0)  # 1 + (2 - 1) / 0.5
+    assert second(hidden_states=x) == (x, None, None)
+
+
+def test_copies_of_stand_ins_do_not_recurse():
+    blocks = LayerDrop([_Triple(1.0), _Triple(2.0)])
+    blocks.mask, blocks.probs = [False, True], [0.5, 0.25]
+    for stand_in in blocks:
+        twin = copy.copy(stand_in)
+        assert twin.attention_type == stand_in.attention_type
+
+
+def test_passes_without_an_engine_use_a_running_count_and_a_key_once():
+    n, theta = 6, 0.3
+    blocks = LayerDrop([nn.Identity() for _ in range(n)], seed=5)
+    seen = []
+    for _ in range(3):
+        blocks.plan(theta)
+        seen.append(blocks.mask)
+    assert seen == [keep_mask(n, theta, 5, k) for k in range(3)]
+    blocks.pass_key = 40
+    blocks.plan(theta)
+    assert blocks.mask == keep_mask(n, theta, 5, 40)
+    blocks.plan(theta)  # the engine's key is used once; then the count goes on
+    assert blocks.mask == keep_mask(n, theta, 5, 4)
+
+
+def test_theta_one_runs_the_blocks_themselves_and_slices_stay_module_lists():
+    mods = [nn.Linear(2, 2) for _ in range(3)]
+    blocks = LayerDrop(mods)
+    assert isinstance(blocks[:2], nn.ModuleList) and list(blocks[:2]) == mods[:2]
+    with blocks.dropping(1.0):
+        assert all(a is b for a, b in zip(blocks, mods))  # nothing to scale or skip
+        assert len(blocks[:2]) == 2
+
+
+class _TwoLists(nn.Module):
+    """A model with two block lists at paths wrap() does not know."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Module()
+        self.enc.blocks = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+        self.dec = nn.Module()
+        self.dec.blocks = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+        self.fail = False
+
+    def forward(self, x):
+        for b in self.enc.blocks:
+            x = b(x)
+        for b in self.dec.blocks:
+            x = b(x)
+        if self.fail:
+            raise RuntimeError("boom")
+        return x
+
+
+def test_wrap_at_given_paths_shares_one_hook_and_ends_the_pass_even_on_error():
+    model = _TwoLists()
+    with pytest.raises(ModelInterfaceError, match=r"^progressive_layer_drop: no block list found in _TwoLists "
+                                                  r"\(looked for transformer.h, h, model.layers, layers, "
+                                                  r"bert.encoder.layer, roberta.encoder.layer, encoder.layer\); "
+                                                  r"pass path='<dotted name of the nn.ModuleList of blocks>'$"):
+        layerdrop.wrap(model)
+    enc, dec = layerdrop.wrap(model, "enc.blocks"), layerdrop.wrap(model, "dec.blocks")
+    assert layerdrop.wrap(model, "dec.blocks") is dec  # a second wrap of the same list changes nothing
+    assert takes_pld_kwargs(model)
+    planned = []
+    model.register_forward_pre_hook(lambda m, a: planned.append((enc.mask, dec.mask)))
+    model.train()
+    model(torch.ones(2), progressive_layer_drop=True, pld_theta=0.5)
+    assert planned[-1][0] is not None and planned[-1][1] is not None  # both lists planned
+    assert enc.mask is None and dec.mask is None
+    model.fail = True
+    with pytest.raises(RuntimeError, match="boom"):
+        model(torch.ones(2), progressive_layer_drop=True, pld_theta=0.5)
+    assert enc.mask is None and dec.mask is None  # cleared although the forward raised
+
+
+class _AnyKwargs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, x, **kwargs):
+        return (self.w * x).mean()
+
+
+def test_a_forward_with_var_kwargs_is_accepted_and_the_feature_reports_theta():
+    engine = start(_AnyKwargs(), config(progressive_layer_drop=pld(0.5, 0.01)))
+    feature = next(f for f in engine.features if isinstance(f, LayerDropFeature))
+    assert feature.value("pld_theta") == 1.0 and feature.value("tokens_consumed") is None
+    assert feature.log_fields(engine) == {"pld_theta": 1.0}
+    with pytest.raises(ModelInterfaceError, match=r"^progressive_layer_drop is enabled but Sequential.forward cannot "
+                                                  r"take the keyword arguments progressive_layer_drop and pld_theta "
+                                                  r"that the engine passes in training; add them \(zerotrain.models "
+                                                  r"has switchable blocks\), wrap an HF model with "
+                                                  r"zerotrain.wrap\(model\), or disable progressive_layer_drop$"):
+        start(nn.Sequential(nn.Linear(4, 1)), config(progressive_layer_drop=pld()))
+
+
+def test_only_rank_0_says_layer_drop_is_on(zerotrain_log, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    ProgressiveLayerDrop(theta=0.5)
+    monkeypatch.setenv("RANK", "0")
+    ProgressiveLayerDrop(theta=0.25)
+    said = {m for m in zerotrain_log.messages if m.startswith("Enabled progressive layer dropping")}
+    assert said == {"Enabled progressive layer dropping (theta = 0.25)"}
+
+
+def test_a_forward_without_a_readable_signature_does_not_take_the_kwargs():
+    model = nn.Module()
+    model.forward = torch.relu  # a builtin: inspect.signature cannot read it
+    assert takes_pld_kwargs(model) is False

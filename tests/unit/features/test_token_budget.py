@@ -140,3 +140,80 @@ def test_the_token_tensor_is_found_in_any_batch_shape():
     assert count_tokens(({"input_ids": ids, "x": torch.ones(2, 9)},), {}) == 10
     assert count_tokens((), {"input_ids": ids, "curriculum_seqlen": 3}) == 6
     assert count_tokens((torch.ones(4),), {}) == 0
+
+
+# ---- the feature on its own (a stand-in engine) ----------------------------------------------
+from types import SimpleNamespace  # noqa: E402
+
+from zerotrain.features.token_budget import TokenBudgetFeature  # noqa: E402
+
+
+def budget(**kw):
+    return SimpleNamespace(**{"train_tokens": None, "lr_decay_tokens": None, "warmup_steps": 0, "min_lr": 0.0,
+                              "lr_decay_style": "linear", **kw})
+
+
+class _TwoRanks:
+    """all_reduce as two ranks with the same count would give it."""
+
+    def all_reduce(self, t):
+        t.mul_(2)
+
+
+def fake_engine(lr=0.5, scheduler=None, optimizer=True):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr) if optimizer else None
+    return SimpleNamespace(optimizer=opt, lr_scheduler=scheduler, skipped_steps=0, comm=_TwoRanks())
+
+
+def test_token_lr_defaults_and_a_one_step_warmup():
+    for s, t in ((0, 0), (1, 10), (3, 60), (9, 200)):
+        assert token_lr(1.0, s, t, 100) == token_lr(1.0, s, t, 100, 0, 0.0, "linear")
+    assert token_lr(1.0, 1, 50, 100, warmup_steps=1) == 1.0  # step 1 of a 1-step warmup is the peak
+    with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_style: should be linear or cosine, got 'exp'$"):
+        token_lr(1.0, 5, 10, 100, style="exp")
+
+
+def test_refusals_name_the_keys_and_the_way_out():
+    with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_tokens sets the optimizer's LR; add an "
+                                          r"\"optimizer\" block or pass optimizer= to zerotrain.initialize$"):
+        TokenBudgetFeature(budget(lr_decay_tokens=10)).on_train_start(fake_engine(optimizer=False))
+    with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_tokens drives the LR, and so does the LR "
+                                          r"scheduler given to initialize; keep one$"):
+        TokenBudgetFeature(budget(lr_decay_tokens=10)).on_train_start(fake_engine(scheduler=object()))
+
+
+def test_tokens_are_summed_over_ranks_exactly_beyond_float32():
+    feature, engine = TokenBudgetFeature(budget()), fake_engine()
+    feature.on_train_start(engine)
+    assert feature.state_dict() == {"tokens": 0, "lr_steps": 0, "peaks": []}
+    feature._pending = 2**24 + 1  # float32 would round this to 2**24
+    feature.after_step(engine)
+    assert feature.tokens == 2 * (2**24 + 1)
+    assert feature.value("tokens_consumed") == feature.tokens and feature.value("pld_theta") is None
+    assert feature.log_fields(engine) == {"tokens": feature.tokens}
+
+
+def test_a_tensor_lr_is_written_in_place():
+    engine = fake_engine()
+    lr = torch.tensor(0.5)
+    engine.optimizer.param_groups[0]["lr"] = lr
+    feature = TokenBudgetFeature(budget(lr_decay_tokens=100))
+    feature.on_train_start(engine)
+    feature.before_forward(engine, (torch.zeros(1, 10, dtype=torch.long),), {})
+    feature.after_step(engine)  # 20 tokens of 100 (two ranks)
+    assert engine.optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.5 * 0.8)
+
+
+def test_loading_restores_the_peaks_and_sets_the_lr_only_when_decaying():
+    state = {"tokens": 50, "lr_steps": 3, "peaks": [0.25]}
+    fresh = TokenBudgetFeature(budget(lr_decay_tokens=100))
+    fresh.load_state_dict(state)  # before train start: no engine to write to yet
+    assert fresh.state_dict() == state
+    decaying, engine = TokenBudgetFeature(budget(lr_decay_tokens=100)), fake_engine()
+    decaying.on_train_start(engine)
+    decaying.load_state_dict(state)
+    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(token_lr(0.25, 3, 50, 100))
+    counting, engine = TokenBudgetFeature(budget()), fake_engine()
+    counting.on_train_start(engine)
+    counting.load_state_dict(state)
+    assert engine.optimizer.param_groups[0]["lr"] == 0.5 and counting.tokens == 50

@@ -177,3 +177,78 @@ def test_build_loss_scaler_rejects_bad_values(override, key):
     args.update(override)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build_loss_scaler(**args)
+
+
+def test_defaults_are_deepspeeds():
+    # window 1000 and hysteresis 2 (reference §4): the 1001st good step doubles, two overflows halve
+    default, explicit = DynamicLossScaler(), DynamicLossScaler(2.0**16, 1000, 1.0, 2, False)
+    pattern = [False] * 1001 + [True, True, False]
+    assert run(default, pattern) == run(explicit, pattern)
+    assert default.state_dict() == explicit.state_dict()
+    assert run(DynamicLossScaler(), [False] * 1001)[-2:] == [2.0**16, 2.0**17]
+    assert run(DynamicLossScaler(), [True, True]) == [2.0**16, 2.0**15]
+
+
+def test_hysteresis_three_absorbs_two_overflows():
+    scaler = DynamicLossScaler(init_scale=2**8, scale_window=100, hysteresis=3)
+    assert run(scaler, [True, True, True, True]) == [256, 256, 128, 64]
+
+
+def test_a_window_of_one_doubles_on_every_good_step():
+    assert run(DynamicLossScaler(init_scale=1.0, scale_window=1), [False] * 4) == [1, 2, 4, 8]
+
+
+def test_state_dict_holds_progress_and_the_config_it_ran_under():
+    scaler = DynamicLossScaler(init_scale=2**4, scale_window=3, min_scale=0.5, hysteresis=2,
+                               consecutive_hysteresis=True)
+    run(scaler, [False, True])
+    assert scaler.state_dict() == {
+        "kind": "dynamic", "cur_scale": 16.0, "cur_iter": 2, "last_overflow_iter": 1, "cur_hysteresis": 1,
+        "overflows_at_floor": 0, "init_scale": 16.0, "scale_window": 3, "min_scale": 0.5, "hysteresis": 2,
+        "consecutive_hysteresis": True}
+
+
+def test_a_scaler_state_that_is_not_one_is_refused_by_name():
+    dynamic = DynamicLossScaler()
+    for junk in (None, "dynamic", [1]):
+        with pytest.raises(CheckpointError, match=r"^loss scaler state is None but the current fp16 config gives a "
+                                                  r"dynamic scaler; set fp16.loss_scale as it was when the checkpoint "
+                                                  r"was saved, or skip loading the scaler state$"):
+            dynamic.load_state_dict(junk)
+    state = dynamic.state_dict()
+    del state["cur_iter"], state["overflows_at_floor"]
+    with pytest.raises(CheckpointError, match=r"^loss scaler state lacks cur_iter, overflows_at_floor$"):
+        dynamic.load_state_dict(state)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: DynamicLossScaler(init_scale=0), r"fp16 initial scale \(2\*\*fp16.initial_scale_power\) must be a "
+                                             r"finite number > 0, got 0"),
+    (lambda: DynamicLossScaler(scale_window=0), r"fp16.loss_scale_window must be an integer >= 1, got 0"),
+    (lambda: DynamicLossScaler(min_scale=0.0), r"fp16.min_loss_scale must be a finite number > 0, got 0.0"),
+    (lambda: DynamicLossScaler(hysteresis=0), r"fp16.hysteresis must be an integer >= 1, got 0"),
+    (lambda: DynamicLossScaler(hysteresis=True), r"fp16.hysteresis must be an integer >= 1, got True"),
+    (lambda: DynamicLossScaler(consecutive_hysteresis=1), r"fp16.consecutive_hysteresis must be true or false, "
+                                                         r"got 1"),
+    (lambda: DynamicLossScaler(init_scale=1.0, min_scale=2.0), r"fp16 initial scale 1 is below fp16.min_loss_scale "
+                                                               r"2; raise fp16.initial_scale_power or lower "
+                                                               r"fp16.min_loss_scale"),
+    (lambda: StaticLossScaler(0), r"fp16.loss_scale must be a finite number > 0, got 0"),
+    (lambda: build_loss_scaler(True, -1, 16, 1000, 2, False, 1.0), r"fp16.loss_scale must be a finite number >= 0, "
+                                                                    r"got -1"),
+    (lambda: build_loss_scaler(True, 0, -1, 1000, 2, False, 1.0), r"fp16.initial_scale_power must be an integer "
+                                                                   r">= 0, got -1"),
+])
+def test_each_refusal_names_the_key_and_the_bound(make, message):
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        make()
+
+
+def test_small_scales_and_windows_are_accepted():
+    assert DynamicLossScaler(scale_window=1).scale_window == 1
+    assert StaticLossScaler(0.5).loss_scale == 0.5
+    static = build_loss_scaler(True, 0.5, 16, 1000, 2, False, 1.0)  # a static scale below 1 is still static
+    assert isinstance(static, StaticLossScaler) and static.loss_scale == 0.5
+    dynamic = build_loss_scaler(True, 0, 4, 10, 2, True, 1.0)
+    assert dynamic.consecutive_hysteresis is True  # the config's flag reaches the scaler
+    assert run(dynamic, [True, False, True]) == [16, 16, 16]  # refilled by the good step between

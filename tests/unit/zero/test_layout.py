@@ -44,7 +44,9 @@ def test_pieces_cover_every_element_once_and_glue_back(numels, world, scheme, sh
         pieces.append(piece_from(params, layout.spans(rank), piece))
         for s in layout.spans(rank):
             hits[s.index][s.param_lo : s.param_lo + s.numel] += 1
+            assert s.numel > 0  # a span names a part a rank holds, never an empty one
     assert all(bool((h == 1).all()) for h in hits)
+    assert layout.numel == sum(layout.numels)  # the elements a piece holds before its padding
     whole = [torch.zeros(n, dtype=torch.float64) for n in numels]
     for rank, piece in zip(ranks, pieces):
         fill_from_piece(whole, layout.spans(rank), piece)
@@ -95,8 +97,29 @@ def test_a_recorded_layout_reads_back_the_same(numels, world, scheme, stage):
 def test_a_tampered_layout_is_refused():
     saved = GroupLayout([10, 20], 2).describe(["a", "b"], [(10,), (20,)])
     saved["offsets"] = [0, 11]
-    with pytest.raises(ValueError, match="differ"):
+    with pytest.raises(ValueError, match="^recorded offsets or shard size differ from the layout's own arithmetic$"):
         GroupLayout.from_saved(saved, FLAT, 2, 1)
+
+
+def test_a_recorded_layout_names_its_parameters_and_shapes():
+    saved = GroupLayout([6, 20], 2, CHUNKED).describe(["a", "b"], [(2, 3), torch.Size([4, 5])])
+    assert saved["names"] == ["a", "b"] and saved["shapes"] == [[2, 3], [4, 5]]  # consolidate reads them
+    assert saved["full_numels"] == [6, 20] and saved["numels"] == [3, 10]
+
+
+def test_an_unknown_scheme_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown layout scheme 'striped'"):
+        GroupLayout([4], 2, "striped")
+
+
+def test_a_flat_layout_is_sharded_unless_told_otherwise():
+    layout = GroupLayout([40, 24], 2)
+    assert layout.sharded and layout.piece_range(1) == (layout.shard_numel, 2 * layout.shard_numel)
+
+
+def test_a_shard_size_from_a_count_is_that_of_a_chunk_list():
+    assert chunked_shard_numel(17) == chunked_shard_numel([10, 7]) == 32
+    assert chunked_shard_numel(0) == chunked_shard_numel([]) == ALIGN
 
 
 def test_unsharded_flat_piece_is_the_whole_buffer():
