@@ -29,6 +29,16 @@ def register_owner(params, strategy) -> None:
         _OWNERS[id(p)] = strategy
 
 
+def _owner_of(p):
+    """The engine that shards `p`: an id outlives its parameter and may come back on another
+    one, so the owner must still hold this very parameter at that place."""
+    owner = _OWNERS.get(id(p))
+    if owner is None or id(p) not in owner.where:
+        return None
+    gi, i = owner.where[id(p)]
+    return owner if owner.groups[gi].params[i] is p else None
+
+
 @contextmanager
 def GatheredParameters(params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
     """`fwd_module` (DeepSpeed's, for registering external parameters) has no effect here:
@@ -43,7 +53,7 @@ def GatheredParameters(params, modifier_rank: int | None = None, fwd_module=None
             return
     by_owner: dict[int, tuple[object, dict[int, list[int]], list]] = {}
     for p in params:
-        owner = _OWNERS.get(id(p))
+        owner = _owner_of(p)
         if owner is None:
             continue
         entry = by_owner.setdefault(id(owner), (owner, {}, []))
@@ -81,7 +91,7 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
     gathers it with `module`. zerotrain finds such uses itself on their first pass; declaring
     one ahead saves that first synchronous gather. Before initialize the declaration is kept
     on the module; after, it goes to the engine that shards the parameter."""
-    owner = _OWNERS.get(id(parameter))
+    owner = _owner_of(parameter)
     if owner is not None:
         owner.schedule.add_external(module, parameter)
         return

@@ -162,7 +162,7 @@ class _TwoRanks:
 
 def fake_engine(lr=0.5, scheduler=None, optimizer=True):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr) if optimizer else None
-    return SimpleNamespace(optimizer=opt, lr_scheduler=scheduler, skipped_steps=0, comm=_TwoRanks())
+    return SimpleNamespace(optimizer=opt, lr_scheduler=scheduler, skipped_steps=0, comm=_TwoRanks(), input_replica=False)
 
 
 def test_token_lr_defaults_and_a_one_step_warmup():

@@ -104,11 +104,15 @@ def test_register_external_parameter_refuses_a_foreign_tensor():
     model = ParentReadsChild()
     engine, *_ = zerotrain.initialize(model=model, config=config(3))
     other = nn.Parameter(torch.ones(2))
+    with pytest.raises(ModelInterfaceError, match="not one the ZeRO-3 engine manages"):
+        engine.strategy.schedule.add_external(model, other)  # the engine asked about a tensor it does not shard
     from zerotrain.zero.gathered_parameters import register_owner
 
-    register_owner([other], engine.strategy)  # an engine's bookkeeping, but not its parameter
-    with pytest.raises(ModelInterfaceError, match="not one the ZeRO-3 engine manages"):
-        zerotrain.zero.register_external_parameter(model, other)
+    register_owner([other], engine.strategy)  # a stale entry (an id reused): not taken for the engine's
+    zerotrain.zero.register_external_parameter(model, other)
+    assert any(q is other for q in model.__dict__["_zt_external_params"])
+    with zerotrain.zero.GatheredParameters([other]):  # and no gather is asked of the engine for it
+        assert torch.equal(other, torch.ones(2))
 
 
 def test_deep_copies_under_init_keep_their_chunks_and_init_sees_whole_values():
