@@ -152,8 +152,12 @@ def _unsupported_keys(src: Path) -> frozenset[str]:
     sys.path.insert(0, str(src))
     from pydantic import BaseModel
 
-    from zerotrain.config import REFUSED, ZeroTrainConfig
-    from zerotrain.config.base import field_class, spellings
+    try:
+        from zerotrain.config import REFUSED, ZeroTrainConfig
+        from zerotrain.config.base import field_class, spellings
+    except ImportError:  # a zerotrain from before its config classes (issue 14): one set of names
+        from zerotrain.config import UNSUPPORTED_KEYS
+        return frozenset(UNSUPPORTED_KEYS)
 
     found: set[str] = set()
 
