@@ -119,7 +119,7 @@ DIFFERENCES: list[tuple[str, str, str]] = [
          r"_configure_train_batch_size|allreduce_gradients)'",
      "DeepSpeed engine and config internals (throughput timer, sparse-gradient bookkeeping, file-name helpers, "
      "a separate gradient all-reduce: zerotrain reduces during backward)"),
-    ("TestIncorectAllgatherBucketSize", r"",
+    ("TestIncorectAllgatherBucketSize", _HUNG,
      "an odd allgather_bucket_size is fine: zerotrain needs no NCCL alignment of it (DeepSpeed asserts)"),
     ("test_ds_config_model", r"",
      "DeepSpeed's own pydantic base class (deprecated-field machinery); zerotrain's config has its own"),
@@ -174,6 +174,9 @@ DIFFERENCES: list[tuple[str, str, str]] = [
     ("test_zero_hpz_", r"_partition_param_sec",
      "ZeRO++ hpZ (secondary partitions) is not built (zero_hpz_partition_size has no effect, named); these "
      "tests call DeepSpeed's Init internals directly"),
+    (r"TestZeroOffloadOptim::test\[True\]", r"got 'ZeRORuntimeException'",
+     "zero_force_ds_cpu_optimizer has no effect (named): an offloaded step runs the client's torch "
+     "optimizer on the host (DeepSpeed refuses one that is not its CPU Adam)"),
     ("", r"get_bfloat16_config",
      "DeepSpeed's config helper functions (get_bfloat16_config): zerotrain's config class reads bf16 "
      "and bfloat16"),
@@ -318,8 +321,10 @@ def _run_file(work: Path, rel: str, args, results: Path, log: Path) -> float:
 # ---------------------------------------------------------------------------------- classifying
 
 
-# the placeholder's own error, or torch naming the placeholder's type (a DeepSpeed constant used as a size)
-_ABSENT = re.compile(r"(deepspeed(?:\.\w+)+): no zerotrain counterpart|(?:of type '?|but got )(deepspeed(?:\.\w+)+)")
+# the placeholder's own error, torch naming the placeholder's type (a DeepSpeed constant used as a
+# size), or a private name looked up on a module the shim made (mock.patch.object)
+_ABSENT = re.compile(r"(deepspeed(?:\.\w+)+): no zerotrain counterpart|(?:of type '?|but got |<module ')"
+                     r"(deepspeed(?:\.\w+)+)")
 
 
 def _absent_reason(chain: list[dict]) -> tuple[str | None, str | None]:
