@@ -48,6 +48,16 @@ def test_a_skip():
 
 def test_a_key_zerotrain_refuses():
     zerotrain.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 1, "amp": {"enabled": True}})
+
+
+def test_a_block_built_with_a_key_zerotrain_refuses():
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+    DeepSpeedZeroOffloadOptimizerConfig(ratio=0.3)
+
+
+def test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size():
+    from deepspeed.runtime.swap_tensor import MIN_SWAPPABLE_BYTES
+    torch.empty(2, MIN_SWAPPABLE_BYTES)
 '''
 
 
@@ -64,7 +74,8 @@ def test_suite_copies_maps_and_classifies(tmp_path):
     results = {r["test"].split("::")[-1]: (r["category"], r["reason"]) for r in json.loads(out.read_text())}
     assert set(results) == {"test_names_are_zerotrains", "test_a_feature_zerotrain_does_not_claim",
                             "test_a_name_zerotrain_lacks", "test_a_plain_failure", "test_a_skip",
-                            "test_a_key_zerotrain_refuses"}
+                            "test_a_key_zerotrain_refuses", "test_a_block_built_with_a_key_zerotrain_refuses",
+                            "test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size"}
     assert results["test_names_are_zerotrains"][0] == "passed"
     assert results["test_a_feature_zerotrain_does_not_claim"] == ("n/a", "not claimed: mixture of experts "
                                                                   "(deepspeed.moe.layer.MoE)")
@@ -73,7 +84,25 @@ def test_suite_copies_maps_and_classifies(tmp_path):
     assert results["test_a_plain_failure"][0] == "failed" and "assert 1 == 2" in results["test_a_plain_failure"][1]
     assert results["test_a_skip"] == ("n/a", "skipped by the test: Skipped: needs CUDA")
     assert results["test_a_key_zerotrain_refuses"] == ("n/a", "not claimed: zerotrain refuses 'amp' by name")
+    assert results["test_a_block_built_with_a_key_zerotrain_refuses"] == (
+        "n/a", "not claimed: zerotrain refuses 'zero_optimization.offload_optimizer.ratio' by name")
+    assert results["test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size"] == (
+        "n/a", "not claimed: DeepSpeed's async I/O swapper (deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES)")
     assert "runtime/test_pld.py" in proc.stdout and "passed    1  failed    2" in proc.stdout
     again = subprocess.run([sys.executable, str(_SCRIPT), "--reclassify", str(out)], capture_output=True,
                            text=True, timeout=60)
-    assert again.returncode == 1 and "passed    1  failed    2 (listed   0)  n/a    3" in again.stdout
+    assert again.returncode == 1 and "passed    1  failed    2 (listed   0)  n/a    5" in again.stdout
+
+
+def test_a_hung_test_is_listed_only_by_a_difference_naming_it(tmp_path):
+    # a pytest.raises that did not raise leaves no record: the test id alone decides
+    listed = "unit/runtime/test_ds_initialize.py::TestOptimizerImplementation::test[fp16-fp32-None]"
+    other = "unit/runtime/test_ds_initialize.py::TestOptimizerImplementation::test[fp16-fp16-zero1]"
+    runs = tmp_path / "hung.json"
+    runs.write_text(json.dumps([{"file": "runtime/test_ds_initialize.py", "test": n, "category": "failed",
+                                 "reason": "", "record": {"nodeid": n, "outcome": "hung"}} for n in (listed, other)]))
+    out = tmp_path / "again.json"
+    proc = subprocess.run([sys.executable, str(_SCRIPT), "--reclassify", str(runs), "--json", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    results = {r["test"]: r["category"] for r in json.loads(out.read_text())}
+    assert results == {listed: "listed", other: "failed"}, proc.stdout

@@ -187,6 +187,11 @@ def _is_package(full_name: str) -> bool:
 
 
 class _ShimModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        # `from deepspeed.x import _private` falls back to importing a submodule of that name,
+        # which this package makes: calling it is using a name zerotrain does not have
+        raise NotInZerotrain(self.__name__)
+
     def __getattr__(self, name):
         full = f"{self.__name__}.{name}"
         value = _resolve(full)

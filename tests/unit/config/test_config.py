@@ -462,6 +462,12 @@ def test_refused_by_name(fragment, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+def test_gradient_allreduce_op_reads_as_what_is_built():
+    # DeepSpeed's default, and the one op zerotrain does: a script reading it sees "mean"
+    assert load().gradient_allreduce_op == "mean"
+    assert load({"gradient_allreduce_op": "mean"}).gradient_allreduce_op == "mean"
+
+
 @pytest.mark.parametrize("fragment", [
     {"amp": {"enabled": False}}, {"amp": {"enabled": False, "opt_level": "O1"}},
     {"sparse_attention": {"enabled": False}}, {"tensor_parallel": {"enabled": False}},
