@@ -53,6 +53,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -326,15 +327,18 @@ def probe(framework: str, layers: int, args, ctx: dict) -> dict:
     with open(log, "w") as f:
         proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own group: kill_job takes it whole
-        while proc.poll() is None:
-            low = min(low, mem_available())
-            if low < LOW_MEMORY_FLOOR or time.perf_counter() - start > args.probe_timeout:
-                why = (f"aborted: MemAvailable fell to {low / GIB:.2f} GiB" if low < LOW_MEMORY_FLOOR
-                       else f"aborted: over {args.probe_timeout} s")
+        try:
+            while proc.poll() is None:
+                low = min(low, mem_available())
+                if low < LOW_MEMORY_FLOOR or time.perf_counter() - start > args.probe_timeout:
+                    why = (f"aborted: MemAvailable fell to {low / GIB:.2f} GiB" if low < LOW_MEMORY_FLOOR
+                           else f"aborted: over {args.probe_timeout} s")
+                    break
+                time.sleep(0.1)
+        finally:  # aborted, or this script interrupted (Ctrl-C, SIGTERM): no rank outlives it
+            if proc.poll() is None:
                 kill_job(proc.pid)
                 proc.wait()
-                break
-            time.sleep(0.1)
     shutil.rmtree(nvme, ignore_errors=True)
     res = {"layers": layers, "framework": framework, "wall_s": time.perf_counter() - start, "low_gib": low / GIB}
     over = sorted(out.parent.glob(out.name + ".over*"))
@@ -519,6 +523,8 @@ def main() -> int:
         p.error(f"--budget-gib {args.budget_gib} x {args.nproc} ranks is more than MemAvailable "
                 f"({mem_available() / GIB:.1f} GiB) less 1 GiB: the kernel's OOM killer could strike first")
     t0 = time.perf_counter()
+    # SIGTERM unwinds like Ctrl-C: the running probe is killed and the temporary folders removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="largest-") as tmp, \
             tempfile.TemporaryDirectory(prefix="largest-nvme-", dir=args.nvme_path) as nvme:
         ctx = {"work": Path(tmp), "nvme": Path(nvme), "probes": {}, "ds_py": None}
