@@ -136,9 +136,8 @@ DIFFERENCES: list[tuple[str, str, str]] = [
      "layer drop on a model that cannot take its arguments is refused at initialize (a TypeError subclass), "
      "not at the first forward"),
     ("", r": unknown key",
-     "keys zerotrain's schema does not know are errors with a did-you-mean (DeepSpeed keys added after "
-     "zerotrain's schema: gradient_allreduce_op, zenflow, stage3_module_granularity_threshold, leaf_module, "
-     "tensor_parallel, ...)"),
+     "keys zerotrain's schema does not know are errors with a did-you-mean (DeepSpeed keys newer than "
+     "zerotrain's schema, e.g. Muon's ns_method)"),
     ("", r"'deepspeed>=[\d.]+' distribution was not found",
      "transformers' own DeepSpeed integration (HfDeepSpeedConfig) wants the deepspeed package installed; "
      "zerotrain.Trainer is zerotrain's HF-style trainer"),
