@@ -1,5 +1,6 @@
 """engine.save_16bit_model on 2 real ranks: ZeRO-3 gathers the sharded weights, rank 0 writes
-one whole file, equal to what one process trains."""
+one whole file, equal to what one process trains. save_checkpoint with a tag that differs
+between ranks stops every rank with one line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 
 import zerotrain
+from zerotrain.errors import ConfigError
 from scenarios import base_config, global_batch, rank_and_world, tiny_gpt
 
 
@@ -37,3 +39,22 @@ def test_stage3_writes_whole_weights_equal_to_one_process(world2, tmp_path, name
     for k in want:
         assert got[k].shape == want[k].shape, k
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5, msg=k)
+
+
+def save_under_rank_tags(folder: str) -> str:
+    rank, _ = rank_and_world()
+    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=base_config(2, 1))
+    try:
+        engine.save_checkpoint(folder, tag=f"tag-{rank}")
+    except ConfigError as err:
+        return str(err)
+    finally:
+        engine.destroy()
+    return "saved"
+
+
+def test_save_checkpoint_refuses_tags_that_differ_between_ranks(world2, tmp_path):
+    said = world2.run(save_under_rank_tags, str(tmp_path))
+    assert said == ["save_checkpoint: the ranks were given different tags (rank 0: 'tag-0', rank 1: 'tag-1'); "
+                    "pass the same tag on every rank"] * 2
+    assert not any(tmp_path.iterdir()), "nothing is written"

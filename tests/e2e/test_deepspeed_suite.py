@@ -58,6 +58,11 @@ def test_a_block_built_with_a_key_zerotrain_refuses():
 def test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size():
     from deepspeed.runtime.swap_tensor import MIN_SWAPPABLE_BYTES
     torch.empty(2, MIN_SWAPPABLE_BYTES)
+
+
+def test_a_private_name_of_a_feature_zerotrain_does_not_claim():
+    from deepspeed.checkpoint.ds_to_universal import _merge_tp_slices
+    _merge_tp_slices()
 '''
 
 
@@ -75,7 +80,8 @@ def test_suite_copies_maps_and_classifies(tmp_path):
     assert set(results) == {"test_names_are_zerotrains", "test_a_feature_zerotrain_does_not_claim",
                             "test_a_name_zerotrain_lacks", "test_a_plain_failure", "test_a_skip",
                             "test_a_key_zerotrain_refuses", "test_a_block_built_with_a_key_zerotrain_refuses",
-                            "test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size"}
+                            "test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size",
+                            "test_a_private_name_of_a_feature_zerotrain_does_not_claim"}
     assert results["test_names_are_zerotrains"][0] == "passed"
     assert results["test_a_feature_zerotrain_does_not_claim"] == ("n/a", "not claimed: mixture of experts "
                                                                   "(deepspeed.moe.layer.MoE)")
@@ -88,10 +94,13 @@ def test_suite_copies_maps_and_classifies(tmp_path):
         "n/a", "not claimed: zerotrain refuses 'zero_optimization.offload_optimizer.ratio' by name")
     assert results["test_a_constant_of_a_feature_zerotrain_does_not_claim_as_a_size"] == (
         "n/a", "not claimed: DeepSpeed's async I/O swapper (deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES)")
+    assert results["test_a_private_name_of_a_feature_zerotrain_does_not_claim"] == (
+        "n/a", "not claimed: DeepSpeed's universal-checkpoint format and converters "
+               "(deepspeed.checkpoint.ds_to_universal._merge_tp_slices)")
     assert "runtime/test_pld.py" in proc.stdout and "passed    1  failed    2" in proc.stdout
     again = subprocess.run([sys.executable, str(_SCRIPT), "--reclassify", str(out)], capture_output=True,
                            text=True, timeout=60)
-    assert again.returncode == 1 and "passed    1  failed    2 (listed   0)  n/a    5" in again.stdout
+    assert again.returncode == 1 and "passed    1  failed    2 (listed   0)  n/a    6" in again.stdout
 
 
 def test_a_hung_test_is_listed_only_by_a_difference_naming_it(tmp_path):

@@ -196,8 +196,8 @@ class _ShimModule(types.ModuleType):
         full = f"{self.__name__}.{name}"
         value = _resolve(full)
         if value is None:
-            if name.startswith("_"):
-                raise AttributeError(name)
+            if name.startswith("_"):  # (the text names it for the suite when a test reads it)
+                raise AttributeError(str(NotInZerotrain(full)))
             factory = importlib.import_module("deepspeed._harness").FACTORIES.get(self.__name__)
             if factory is not None and (made := factory(name)) is not None:
                 value = made

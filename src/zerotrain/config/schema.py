@@ -161,7 +161,13 @@ class CheckpointConfig(Block):
     use_node_local_storage: bool = acts(
         False, "Each node writes and reads its own ranks' checkpoint files under its own save_dir (clusters "
                "without shared storage); local rank 0 of each node writes the shared files.")
-    tag_validation: Any = no_effect(None, "tags are validated as paths inside the save folder, on every rank")
+    tag_validation: Literal["WARN", "IGNORE", "FAIL"] | None = no_effect(
+        None, "tags are always checked (DeepSpeed's FAIL): a plain folder name, the same on every rank")
+
+    @field_validator("tag_validation", mode="before")
+    @classmethod
+    def _any_case(cls, value):  # DeepSpeed reads the mode in any case
+        return value.upper() if isinstance(value, str) and value.upper() in ("WARN", "IGNORE", "FAIL") else value
     load_universal: Any = no_effect(None, "a checkpoint of N ranks loads into M ranks without a universal format")
     checkpoint_serialization: Any = no_effect(None, "checkpoint files are zerotrain's own (manifest, checksums)")
     writer: Any = no_effect(None, "checkpoint files are written by zerotrain's own crash-safe writer")

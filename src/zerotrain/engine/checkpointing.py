@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..comm.tensor_parallel import load_rank_state_dict, rank_state_dict
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
@@ -118,11 +118,25 @@ def _writes_model_states(engine) -> bool:
     return engine.strategy.comm.rank == 0
 
 
+def _same_tag(comm, tag):
+    """One checkpoint is one folder: ranks given different tags (a rank-dependent name) would
+    each write part of one into a folder of its own. Compared before validating, so that a tag
+    bad on one rank only fails every rank together."""
+    if comm.world_size == 1:
+        return tag
+    tags = comm.all_gather_object(tag)
+    odd = next((r for r, t in enumerate(tags) if t != tags[0]), None)
+    if odd is not None:
+        raise ConfigError(f"save_checkpoint: the ranks were given different tags (rank 0: {tags[0]!r}, rank "
+                          f"{odd}: {tags[odd]!r}); pass the same tag on every rank")
+    return tag
+
+
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None,
                     exclude_frozen: bool = False) -> bool:
     check_save_dir(save_dir, "save_checkpoint")
-    tag = validate_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
+    tag = validate_tag(_same_tag(comm, tag if tag is not None else f"global_step{engine.global_steps}"))
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
     frozen = sorted(frozen_names(engine.module))

@@ -462,6 +462,13 @@ def test_refused_by_name(fragment, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+def test_tag_validation_takes_deepspeeds_modes_in_any_case():
+    assert load({"checkpoint": {"tag_validation": "warn"}}).checkpoint.tag_validation == "WARN"
+    with pytest.raises(ConfigError, match=r"^checkpoint\.tag_validation: should be 'WARN', 'IGNORE' or 'FAIL', "
+                                          r"got \"foo\"$"):
+        load({"checkpoint": {"tag_validation": "foo"}})
+
+
 def test_gradient_allreduce_op_reads_as_what_is_built():
     # DeepSpeed's default, and the one op zerotrain does: a script reading it sees "mean"
     assert load().gradient_allreduce_op == "mean"
