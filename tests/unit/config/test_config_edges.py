@@ -1,0 +1,115 @@
+"""Config edges that the loader's messages depend on (each found unpinned by
+benchmarks/mutation.py): unknown keys inside an "auto" filled with a block, the 60-character
+cut of a shown value, batch sizes that work out to 0, base64 configs longer than a file name."""
+
+import base64
+import json
+
+import pytest
+
+from zerotrain.config import load_config, read_config, resolve_batch_sizes
+from zerotrain.errors import ConfigError
+
+BASE = {"train_batch_size": 8}
+
+
+def message(fn) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn()
+    return str(info.value)
+
+
+def test_unknown_key_inside_an_auto_filled_block_is_named_with_a_suggestion():
+    # "auto" is filled after the keys are checked, so pydantic is the one to find these
+    assert message(lambda: load_config({**BASE, "zero_optimization": {"stage": 1, "offload_param": "auto"}},
+                                       auto_values={"zero_optimization.offload_param": {"devise": "cpu"}})) == \
+        "zero_optimization.offload_param.devise: unknown key, did you mean device?"
+    metrics = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
+    assert message(lambda: load_config(  # through a dict of blocks, keyed by the user's metric name
+        {**BASE, "data_efficiency": {"data_sampling": {"curriculum_learning": {"curriculum_metrics": "auto"}}}},
+        auto_values={metrics: {"seqlen": {"index_to_sampl_path": "x"}}})) == \
+        f"{metrics}.seqlen.index_to_sampl_path: unknown key, did you mean index_to_sample_path?"
+    # an unknown key that is reported first, ahead of other problems in the same block
+    assert message(lambda: load_config({**BASE, "fp16": "auto"},
+                                       auto_values={"fp16": {"enabled": "yes please", "loss_scale_windw": 2}})) == \
+        "fp16.loss_scale_windw: unknown key, did you mean loss_scale_window?"
+
+
+def test_shown_values_are_cut_at_60_characters():
+    assert message(lambda: load_config({"train_batch_size": "x" * 58})) == \
+        f'train_batch_size: should be an integer, got "{"x" * 58}"'  # 60 with the quotes: whole
+    assert message(lambda: load_config({"train_batch_size": "x" * 59})) == \
+        f'train_batch_size: should be an integer, got "{"x" * 56}...'  # 61: 57 and "..."
+    assert message(lambda: load_config({"train_batch_size": {1, 2}})) == \
+        "train_batch_size: should be an integer, got {1, 2}"  # not JSON: its repr
+
+
+def test_batch_sizes_that_work_out_to_zero_name_the_one_to_set():
+    assert message(lambda: resolve_batch_sizes(1, 1, None, 2)) == (
+        "gradient_accumulation_steps works out to 0 from train_batch_size 1, world size 2 and the other batch "
+        "settings; raise train_batch_size or set gradient_accumulation_steps yourself")
+    assert message(lambda: resolve_batch_sizes(None, None, 1, 2)) == \
+        "train_batch_size or train_micro_batch_size_per_gpu is needed; give one of them"
+    assert resolve_batch_sizes(2, 1, None, 2) == (2, 1, 1)
+
+
+def test_base64_config_longer_than_a_file_name():
+    config = {**BASE, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01,
+                                                                "betas": [0.9, 0.95], "eps": 1e-8}},
+              "zero_optimization": {"stage": 2, "reduce_bucket_size": 500000000, "overlap_comm": True,
+                                    "allgather_bucket_size": 500000000, "contiguous_gradients": True}}
+    text = base64.urlsafe_b64encode(json.dumps(config).encode()).decode()
+    assert len(text) > 255  # Path.exists() raises ENAMETOOLONG for it: still a base64 config
+    assert read_config(text) == config
+
+
+def test_a_metric_difficulty_that_is_no_number_is_shown():
+    assert message(lambda: load_config({**BASE, "data_efficiency": {"data_sampling": {"curriculum_learning": {
+        "enabled": True, "curriculum_metrics": {"seqlen": {"difficulty_type": "value", "min_difficulty": "x"}}}}}})) \
+        == ("data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen.min_difficulty: "
+            "should be a number, got 'x'")
+
+
+def test_default_world_is_one_rank():
+    cfg = load_config(BASE)
+    assert (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (8, 1)
+
+
+def test_auto_inside_a_block_nothing_reads_is_left_alone():
+    cfg = load_config({**BASE, "autotuning": {"enabled": "auto", "tuner": ["auto"]}})
+    assert cfg.autotuning == {"enabled": "auto", "tuner": ["auto"]}
+
+
+def test_comment_keys_are_named_by_their_dotted_path():
+    cfg = load_config({**BASE, "_top": 1, "zero_optimization": {"_note": 1, "offload_param": {"_c": 2, "device": "cpu"}},
+                       "autotuning": [{"_d": 1}, 2]})  # inside a list: the list's path
+    assert cfg.comment_keys == ["_top", "zero_optimization._note", "zero_optimization.offload_param._c", "autotuning._d"]
+    assert cfg.zero_optimization.offload_param.device == "cpu" and cfg.autotuning == [{}, 2]
+
+
+def test_misspelt_key_whose_value_is_auto_is_named_as_unknown_inside_a_dict_of_blocks():
+    metrics = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
+    assert message(lambda: load_config({**BASE, "data_efficiency": {"data_sampling": {"curriculum_learning": {
+        "curriculum_metrics": {"seqlen": {"min_dificulty": "auto"}}}}}})) == \
+        f"{metrics}.seqlen.min_dificulty: unknown key, did you mean min_difficulty?"
+
+
+def chain(levels: int):
+    node = 1
+    for _ in range(levels):
+        node = {"x": node}
+    return node
+
+
+def test_configs_nested_past_32_levels_are_refused_by_their_top_key():
+    deep = ": nested more than 32 levels deep (or contains itself); no setting is that deep"
+    assert read_config({"zero_optimization": chain(31)}) == {"zero_optimization": chain(31)}  # 32 levels: fine
+    assert message(lambda: read_config({"zero_optimization": chain(32)})) == "zero_optimization" + deep
+    assert read_config({"a": [[[chain(28)]]]}) == {"a": [[[chain(28)]]]}  # lists count as levels too
+    assert message(lambda: read_config({"b": 1, "a": [[[chain(29)]]]})) == "a" + deep
+    itself = {"a": 1}
+    itself["b"] = itself
+    assert message(lambda: read_config(itself)) == "b" + deep
+    loop: list = []
+    loop.append(loop)
+    assert message(lambda: read_config({"k": (loop,)})) == "k" + deep
