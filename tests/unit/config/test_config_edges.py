@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from zerotrain.config import load_config, read_config, resolve_batch_sizes
+from zerotrain.config import load_config, read_config, resolve_batch_sizes, tensor_parallel_size
 from zerotrain.errors import ConfigError
 
 BASE = {"train_batch_size": 8}
@@ -113,3 +113,60 @@ def test_configs_nested_past_32_levels_are_refused_by_their_top_key():
     loop: list = []
     loop.append(loop)
     assert message(lambda: read_config({"k": (loop,)})) == "k" + deep
+
+
+def test_read_config_copies_all_the_way_down_and_names_what_it_cannot_read():
+    given = {"train_batch_size": 8, "zero_optimization": {"stage": 2}}
+    read_config(given)["zero_optimization"]["stage"] = 3
+    assert given == {"train_batch_size": 8, "zero_optimization": {"stage": 2}}
+    assert read_config('\n  {"train_batch_size": 2}') == {"train_batch_size": 2}  # blanks before the "{"
+    assert message(lambda: read_config(5)) == "config should be a dict or a path to a JSON file, got int"
+
+
+# ---- what `zerotrain config` shows and the notice at initialize names (config/report.py)
+def test_sources_of_refused_but_off_no_effect_and_filled_keys_word_for_word():
+    from zerotrain.config.report import rows
+
+    cfg = load_config({**BASE, "amp": {"enabled": False}, "cuda_visible_devices": "0", "steps_per_print": "auto",
+                       "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "eps": "auto"}},
+                       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                           "nvme_path": "/" + "n" * 57}}},
+                      auto_values={"steps_per_print": 5, "optimizer.params.eps": 1e-8})
+    got = {key: (value, source) for key, value, source in rows(cfg)}
+    assert got["amp"] == ('{"enabled": false}', "user, no effect: apex AMP is not built")  # refused: first clause
+    assert got["cuda_visible_devices"] == (  # no effect: the whole reason, past its ";"
+        '"0"', "user, no effect: DeepSpeed ignores it too; set CUDA_VISIBLE_DEVICES in the environment")
+    assert got["steps_per_print"] == ("5", "auto: the trainer fills it from its options")  # no TRAINER_FILLS entry
+    assert got["optimizer.params.lr"] == ("0.001", "user")  # the trainer could fill it; the user did
+    assert got["optimizer.params.eps"] == ("1e-08", "auto: the trainer fills it from adam_epsilon")
+    assert got["zero_optimization.offload_param.nvme_path"] == (f'"/{"n" * 57}"', "user")  # 60 characters: whole
+    assert not any(key in got for key in ("zero_optimization", "optimizer", "zero_optimization.offload_param"))
+    cut = load_config({**BASE, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                                   "nvme_path": "/" + "n" * 58}}})
+    assert {key: value for key, value, _ in rows(cut)}["zero_optimization.offload_param.nvme_path"] == \
+        f'"/{"n" * 55}...'
+
+
+def test_no_effect_keys_name_nested_blocks_and_keys_inside_a_dict_of_blocks():
+    from zerotrain.config.report import no_effect_keys, notice
+
+    cfg = load_config({**BASE, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
+                       "data_efficiency": {
+                           "data_sampling": {"curriculum_learning": {"curriculum_metrics": {
+                               "seqlen": {"difficulty_type": "value", "index_to_sample_path": "p"}}}},
+                           "data_routing": {"random_ltd": {"layer_token_lr_schedule": {"enabled": False}}}}})
+    keys = ["zero_optimization.offload_param (stage 2)",
+            "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen.index_to_sample_path",
+            "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule"]
+    assert no_effect_keys(cfg) == keys
+    assert notice(cfg) == ("config keys accepted with no effect in zerotrain (`zerotrain config FILE` says why): "
+                           + ", ".join(keys))
+
+
+def test_tensor_parallel_size_is_read_before_the_rest_and_is_one_unless_the_block_asks():
+    assert tensor_parallel_size(BASE) == 1
+    assert tensor_parallel_size({**BASE, "tensor_parallel": {"autotp_size": 2}}) == 2
+    assert tensor_parallel_size(json.dumps({"tensor_parallel": {"autotp_size": 4, "_note": "x"}})) == 4
+    # a block that does not validate (load_config names what is wrong) or is off: 1
+    for block in ({"autotp_size": "two"}, 3, {"autotp_size": 2, "enabled": False}, {"autotp_size": 2, "bogus": 1}):
+        assert tensor_parallel_size({**BASE, "tensor_parallel": block}) == 1
