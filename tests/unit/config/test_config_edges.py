@@ -170,3 +170,28 @@ def test_tensor_parallel_size_is_read_before_the_rest_and_is_one_unless_the_bloc
     # a block that does not validate (load_config names what is wrong) or is off: 1
     for block in ({"autotp_size": "two"}, 3, {"autotp_size": 2, "enabled": False}, {"autotp_size": 2, "bogus": 1}):
         assert tensor_parallel_size({**BASE, "tensor_parallel": block}) == 1
+
+
+def test_a_file_wins_over_base64_and_base64_is_one_line(tmp_path, monkeypatch):
+    name = base64.urlsafe_b64encode(b'{"train_batch_size": 2}').decode().rstrip("=")
+    assert read_config(name) == {"train_batch_size": 2}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text('{"train_batch_size": 4}')
+    assert read_config(name) == {"train_batch_size": 4}  # a file of that name is read, not decoded
+    text = base64.urlsafe_b64encode(b'{"train_batch_size": 2, "gradient_clipping": 1.0}').decode()
+    assert message(lambda: read_config(text[:16] + "\n" + text[16:])).endswith(": config file not found")
+    twice = base64.urlsafe_b64encode(b'{"a": 1, "a": 2}').decode()
+    assert message(lambda: read_config(twice)) == "base64 config: key 'a' appears twice in one object; keep one"
+    (tmp_path / "bad.json").write_bytes(b'\xff{"a": 1}')
+    assert message(lambda: read_config("bad.json")) == (
+        "bad.json: cannot read config: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte")
+
+
+def test_fill_auto_copies_what_it_passes_on():
+    from zerotrain.config import fill_auto
+
+    given, values = {"tensorboard": {"a": {"b": 1}}, "x": "auto"}, {"x": {"c": [1]}}
+    out = fill_auto(given, values, opaque=("tensorboard",))
+    out["tensorboard"]["a"]["b"] = 2
+    out["x"]["c"].append(2)
+    assert given == {"tensorboard": {"a": {"b": 1}}, "x": "auto"} and values == {"x": {"c": [1]}}
