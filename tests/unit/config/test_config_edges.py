@@ -195,3 +195,16 @@ def test_fill_auto_copies_what_it_passes_on():
     out["tensorboard"]["a"]["b"] = 2
     out["x"]["c"].append(2)
     assert given == {"tensorboard": {"a": {"b": 1}}, "x": "auto"} and values == {"x": {"c": [1]}}
+
+
+def test_autos_left_goes_on_past_a_defaulted_auto():
+    from zerotrain.config import autos_left
+
+    # an "auto" in a list is refused even inside a defaulting block (fill_auto raises for it too)
+    assert autos_left({"zero_optimization": {"reduce_bucket_size": "auto", "offload_param": ["auto"]}}) == \
+        ["zero_optimization.offload_param[0]"]
+
+
+def test_a_block_switched_off_at_its_top_is_off_whatever_it_holds():
+    cfg = load_config({**BASE, "sparse_attention": {"enabled": False, "block": {"enabled": True}}})
+    assert cfg.sparse_attention == {"enabled": False, "block": {"enabled": True}}
