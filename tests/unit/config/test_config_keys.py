@@ -55,6 +55,17 @@ def test_every_schema_key_has_one_class():
     assert all(why for _, _, why in table), "every key says what zerotrain does with it"
 
 
+def test_key_table_shows_a_key_without_a_class_as_such():
+    # what makes the test above able to fail: a plain field (no acts/no_effect/refused)
+    from zerotrain.config.base import Block, acts
+
+    class Sample(Block):
+        inner: Block | None = acts(None, "a block: opened up")
+        plain: int = 0
+
+    assert key_table(Sample, "x.") == [("x.plain", "UNCLASSIFIED", "")]
+
+
 def _accepts(block: str, key: str) -> bool:
     from zerotrain.config.loader import _model_at
     from zerotrain.config.base import spellings
