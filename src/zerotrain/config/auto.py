@@ -51,6 +51,11 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def _defaults(path: str, value: Any) -> bool:
+    """An "auto" inside a defaulting block (not the block itself): dropped, the default applies."""
+    return isinstance(value, str) and value == "auto" and "." in path and path.split(".")[0] in DEFAULTING_BLOCKS
+
+
 def fill_auto(node: dict, values: dict[str, Any] | None = None, *, keep_unfilled: bool = False,
               sources: dict[str, str] | None = None, opaque: tuple[str, ...] = ()) -> dict:
     """A copy of `node` with every "auto" resolved as the module docstring says. `sources`,
@@ -66,8 +71,7 @@ def fill_auto(node: dict, values: dict[str, Any] | None = None, *, keep_unfilled
             out = {}
             for k, v in value.items():
                 sub = _join(path, k)
-                if v == "auto" and isinstance(v, str) and sub not in values and not keep_unfilled \
-                        and sub.split(".")[0] in DEFAULTING_BLOCKS and "." in sub:
+                if _defaults(sub, v) and sub not in values and not keep_unfilled:
                     sources[sub] = "auto: default"
                     continue
                 out[k] = walk(v, sub)
@@ -100,7 +104,7 @@ def autos_left(node: Any, path: str = "") -> list[str]:
     if isinstance(node, dict):
         for k, v in node.items():
             sub = _join(path, k)
-            if v == "auto" and isinstance(v, str) and sub.split(".")[0] in DEFAULTING_BLOCKS and "." in sub:
+            if _defaults(sub, v):
                 continue
             found += autos_left(v, sub)
     elif isinstance(node, list):

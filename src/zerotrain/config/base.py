@@ -91,14 +91,13 @@ def field_class(info) -> dict:
 
 
 def spellings(field_name: str, model: type[BaseModel]) -> list[str]:
-    """All JSON keys that set one field: its name plus any alias spellings."""
+    """All JSON keys that set one field: its name plus any alias spellings (every alias in the
+    schema is an AliasChoices)."""
     info = model.model_fields[field_name]
     names = [field_name]
     alias = info.validation_alias
     if isinstance(alias, AliasChoices):
         names += [c for c in alias.choices if isinstance(c, str) and c not in names]
-    elif isinstance(alias, str) and alias not in names:
-        names.append(alias)
     return names
 
 

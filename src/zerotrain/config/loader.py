@@ -182,7 +182,7 @@ def _explain(exc: ValidationError) -> str:
     else:
         reason = _SHORT_REASONS.get(first["type"]) or _strip(first["msg"])
         if first["type"] != "value_error":  # our own messages already say what was given
-            reason += f", got {_show(first.get('input'))}"
+            reason += f", got {show(first.get('input'))}"
     path = _dotted(loc)
     if not path:
         return reason
@@ -196,7 +196,8 @@ def _strip(msg: str) -> str:
     return msg
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A value as the messages and `zerotrain config` show it: JSON, cut at 60 characters."""
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):

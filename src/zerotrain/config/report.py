@@ -10,13 +10,14 @@ prints, and the one notice line initialize logs for keys that have no effect.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .auto import TRAINER_FILLS
 from .base import ACTS, NO_EFFECT, REFUSED, Block, field_class, spellings
+from .loader import _inner_model, show
+from .schema import ZeroTrainConfig
 from .zero import MODEL_DERIVED, ZeroConfig
 
 
@@ -152,28 +153,15 @@ def rows(cfg) -> list[tuple[str, str, str]]:
                 auto = cfg.auto_sources.get(path)
                 source = f"auto: the trainer fills it from {TRAINER_FILLS[path]}" \
                     if auto and path in TRAINER_FILLS else "user"
-                out.append((path, _show(value), source))
+                out.append((path, show(value), source))
             continue
-        out.append((entry.path, _show(entry.value), _source(cfg, entry)))
+        out.append((entry.path, show(entry.value), _source(cfg, entry)))
     return out
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, Block):
-        value = value.model_dump()
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def key_table(model=None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, class, why) for every key of the schema, blocks opened up: the README's
     table, and what the test that no key is unclassified walks."""
-    from .loader import _inner_model
-    from .schema import ZeroTrainConfig
-
     model = model or ZeroTrainConfig
     out = []
     for name, info in model.model_fields.items():

@@ -374,7 +374,10 @@ def build_scheduler(type_name: str, optimizer: Optimizer, params: dict | None):
     if no_warmup:  # the trainer's "auto" with no warmup; DeepSpeed's classes refuse 0
         params = {**params, "warmup_num_steps": 1}
     try:
-        scheduler = cls(optimizer, **params)
+        with warnings.catch_warnings():
+            if no_warmup:  # total < the stand-in warmup: a warmup the config does not have
+                warnings.filterwarnings("ignore", message=r"WarmupDecayLR: total_num_steps")
+            scheduler = cls(optimizer, **params)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:

@@ -55,6 +55,17 @@ def test_every_schema_key_has_one_class():
     assert all(why for _, _, why in table), "every key says what zerotrain does with it"
 
 
+def test_key_table_shows_a_key_without_a_class_as_such():
+    # what makes the test above able to fail: a plain field (no acts/no_effect/refused)
+    from zerotrain.config.base import Block, acts
+
+    class Sample(Block):
+        inner: Block | None = acts(None, "a block: opened up")
+        plain: int = 0
+
+    assert key_table(Sample, "x.") == [("x.plain", "UNCLASSIFIED", "")]
+
+
 def _accepts(block: str, key: str) -> bool:
     from zerotrain.config.loader import _model_at
     from zerotrain.config.base import spellings
@@ -72,8 +83,10 @@ def test_every_deepspeed_key_is_a_key_here(block, keys):
 
 def test_readme_table_lists_every_key_with_its_class():
     text = README.read_text(encoding="utf-8")
-    wrong = [key for key, effect, _ in key_table() if f"| `{key}` | {effect} |" not in text]
-    assert not wrong, f"README's key table is missing or misclasses: {wrong[:10]}"
+    wrong = [key for key, effect, why in key_table() if f"| `{key}` | {effect} | {why} |" not in text]
+    assert not wrong, f"README's key table is missing, misclasses or gives another reason for: {wrong[:10]}"
+    # the reason is zerotrain's own default where it chose one, else the key's description
+    assert ("max_consecutive_skipped_steps", "acts", "100 (zerotrain's own key)") in key_table()
 
 
 def test_typo_next_to_an_accepted_key_is_still_an_error():

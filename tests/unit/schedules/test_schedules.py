@@ -1088,8 +1088,13 @@ def test_wsd_curve_names_a_bad_type_itself_and_no_warmup_over_one_step():
         Fn.warmup_stable_decay_multiplier(4, 2, 2, 2, decay_type="exp")
     opt = make_opt(lrs=(0.1,))
     with warnings.catch_warnings():
-        # the class is built with warmup 1 (= 2) before W is set to 0, so it warns that total 1 <
-        # warmup 2, a warmup the config does not have (reported, not pinned here)
-        warnings.simplefilter("ignore")
+        # no warning about "total 1 < warmup 2": the stand-in warmup the class is built with
+        # before W is set to 0 is not the config's
+        warnings.simplefilter("error")
         build_scheduler("WarmupDecayLR", opt, {"total_num_steps": 1, "warmup_num_steps": 0, "warmup_max_lr": 0.1})
     assert group_lrs(opt) == [0.1]  # one decay step: at the peak until it is taken
+    with pytest.warns(UserWarning, match=r"^warmup_type: unknown 'exp', using 'log'$"):  # others still come
+        build_scheduler("WarmupDecayLR", make_opt(), {"total_num_steps": 1, "warmup_num_steps": 0,
+                                                      "warmup_type": "exp"})
+    with pytest.warns(UserWarning, match=r"^WarmupDecayLR: total_num_steps \(1\) < warmup_num_steps \(3\)"):
+        build_scheduler("WarmupDecayLR", make_opt(), {"total_num_steps": 1, "warmup_num_steps": 3})
