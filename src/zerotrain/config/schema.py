@@ -207,7 +207,6 @@ class ZeroTrainConfig(DeepSpeedExtras):
                                                  default_factory=TensorParallelConfig)
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
-    checkpoint: CheckpointConfig = acts(None, "Where checkpoint files go.", default_factory=CheckpointConfig)
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")
     zero_force_ds_cpu_optimizer: bool = no_effect(False, "offloaded steps run torch's own optimizer on the host")
 
