@@ -2,6 +2,8 @@
 
     python benchmarks/deepspeed_suite.py DEEPSPEED_SOURCE [--ref REF] [--only SUBSTRING ...]
                                          [-k EXPR] [--file-timeout S] [--json OUT] [--keep]
+                                         [--suite-pytest DIR]
+    python benchmarks/deepspeed_suite.py --reclassify RUN.json [LATER.json ...] [--json OUT]
 
 DEEPSPEED_SOURCE is a DeepSpeed checkout (a folder with tests/unit) or a git directory of one
 (bare or not: `git archive REF tests` is read from it, REF default HEAD), e.g. what the
@@ -406,7 +408,7 @@ def classify(record: dict, unsupported: dict[str, str | None]) -> tuple[str, str
                 return "listed", f"{why} [hung]"
         return "failed", reason
     if record.get("phase") == "setup" and chain and chain[0]["type"] == "FixtureLookupError":
-        return "n/a", "DeepSpeed's harness: its DistributedFixture does not register with this pytest"
+        return "n/a", "DeepSpeed's harness: its DistributedFixture does not register with pytest 8.4 or later"
     name, why = _absent_reason(chain)
     if why:
         return "n/a", f"not claimed: {why} ({name})"
