@@ -2,6 +2,8 @@
 
     python benchmarks/deepspeed_suite.py DEEPSPEED_SOURCE [--ref REF] [--only SUBSTRING ...]
                                          [-k EXPR] [--file-timeout S] [--json OUT] [--keep]
+                                         [--suite-pytest DIR]
+    python benchmarks/deepspeed_suite.py --reclassify RUN.json [LATER.json ...] [--json OUT]
 
 DEEPSPEED_SOURCE is a DeepSpeed checkout (a folder with tests/unit) or a git directory of one
 (bare or not: `git archive REF tests` is read from it, REF default HEAD), e.g. what the
@@ -15,6 +17,11 @@ objects under DeepSpeed's names, with no behaviour of its own (see its docstring
 file runs in its own pytest process (DeepSpeed's harness exits the session when a test
 hangs), on gloo, with DeepSpeed's DistributedTest spawning the ranks.
 
+That pytest is one of its own: DeepSpeed's DistributedFixture registers through a pytest
+internal that pytest 8.4 removed (DeepSpeed's requirements-dev.txt pins pytest<8.4), so on
+first use `pip install --target benchmarks/.suite-pytest "pytest>=8.3,<8.4"` puts one there
+(git-ignored; --suite-pytest names another folder) and it goes first on the children's PYTHONPATH.
+
 Each test counts as one of:
   passed
   failed          listed in DIFFERENCES (a deliberate difference, README "Deliberate
@@ -26,9 +33,9 @@ Each test counts as one of:
                      not claim), which the shim's placeholder reported as NotInZerotrain;
                   3. zerotrain refused a config key of zerotrain.config.UNSUPPORTED_KEYS by
                      name (a DeepSpeed feature zerotrain does not implement);
-                  4. DeepSpeed's harness could not set the test up: its DistributedFixture
-                     registers through a pytest internal that pytest 8.4 removed, so a test
-                     taking one fails in setup with FixtureLookupError before any code runs.
+                  4. DeepSpeed's harness could not set the test up: a test taking a
+                     DistributedFixture fails in setup with FixtureLookupError before any
+                     code runs (only under a pytest of 8.4 or later, see above).
 A test that hangs, or a file that does not collect, counts as failed.
 """
 
@@ -49,6 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = ROOT / "benchmarks" / "deepspeed_shim"
+SUITE_PYTEST = ROOT / "benchmarks" / ".suite-pytest"
+PYTEST_PIN = "pytest>=8.3,<8.4"  # DeepSpeed's requirements-dev.txt: pytest<8.4 (DistributedFixture)
 
 # Folders of tests/unit and the test files taken from each (glob patterns).
 SUITE = [
@@ -67,8 +76,6 @@ SUITE = [
 # DeepSpeed names (prefixes) of features zerotrain does not claim -> why.
 NOT_CLAIMED = {
     "deepspeed.moe": "mixture of experts",
-    "deepspeed.pipe": "pipeline parallelism (its own issue; not in zerotrain yet)",
-    "deepspeed.runtime.pipe": "pipeline parallelism (its own issue; not in zerotrain yet)",
     "deepspeed.ops": "DeepSpeed's compiled kernels (fused/CPU Adam, Lamb, async I/O)",
     "deepspeed.runtime.fp16.fused_optimizer": "DeepSpeed's optimizer wrapper classes",
     "deepspeed.runtime.fp16.unfused_optimizer": "DeepSpeed's optimizer wrapper classes",
@@ -80,8 +87,10 @@ NOT_CLAIMED = {
     "deepspeed.runtime.zero.mics": "MiCS (hierarchical sharding)",
     "deepspeed.checkpoint": "DeepSpeed's universal-checkpoint format and converters",
     "deepspeed.runtime.zero.tiling": "TiledLinear",
-    "deepspeed.module_inject": "tensor-parallel layer injection (AutoTP)",
-    "deepspeed.runtime.tensor_parallel": "tensor-parallel layer injection (AutoTP)",
+    # zerotrain's tensor_parallel block (autotp_size) shards with DTensor plans; DeepSpeed's
+    # layer-injection modules (their shard-size helpers, replaced layer classes) are its own
+    "deepspeed.module_inject": "DeepSpeed's AutoTP layer injection (zerotrain's tensor parallelism is DTensor's)",
+    "deepspeed.runtime.tensor_parallel": "DeepSpeed's AutoTP layer injection (zerotrain's tensor parallelism is DTensor's)",
     "deepspeed.runtime.zero.leaf_module_config": "ZeRO-3 leaf modules",
     "deepspeed.utils.set_z3_leaf_modules": "ZeRO-3 leaf modules",
     "deepspeed.utils.get_z3_leaf_modules": "ZeRO-3 leaf modules",
@@ -148,6 +157,13 @@ DIFFERENCES: list[tuple[str, str, str]] = [
     ("", r"ZeROOrderedDict|ensure_zero_ordered_dict|MultipleAllGatherHandles",
      "DeepSpeed's ZeRO-3 internals (its _parameters container, all-gather handles): zerotrain's hooks "
      "leave the module's own containers alone"),
+    ("test_unwrap_model.py", r"has no attribute '(forward_hooks|backward_hooks|parameter_offload)'",
+     "DeepSpeed's stage-3 optimizer keeps the module hooks in lists the test counts (forward_hooks); "
+     "zerotrain's hooks are its strategy's, which stand aside inside unwrap_model_for_generation"),
+    ("", r"tensor_parallel: \w+ has no tensor-parallel plan",
+     "tensor_parallel (autotp_size) splits models that have a tensor-parallel plan (zerotrain's GPT and "
+     "BERT, HF models with a base_model_tp_plan) with DTensor; DeepSpeed's AutoTP guesses one for any "
+     "model of nn.Linear layers"),
     ("TestZero3LateModuleAttach", r"",
      "DeepSpeed's _parameters container (ZeROOrderedDict); a module attached after initialize runs "
      "unsharded, as there"),
@@ -293,7 +309,8 @@ def _run_file(work: Path, rel: str, args, results: Path, log: Path) -> float:
     check (a pytest.raises that did not raise is a BaseException, which kills the pool worker
     that ran it), so both end up here."""
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(work / "shim"), str(work / "tests"), str(work / "src")]),
+    paths = [str(args.suite_pytest), str(work / "shim"), str(work / "tests"), str(work / "src")]
+    env.update(PYTHONPATH=os.pathsep.join(paths),
                ZT_SUITE_RESULTS=str(results), OMP_NUM_THREADS="1", DS_UNITTEST_TIMEOUT=str(args.test_timeout),
                PYTHONWARNINGS="ignore")
     base = [sys.executable, "-m", "pytest", "-p", "zerotrain_suite_plugin", "-q", "-p", "no:cacheprovider",
@@ -391,10 +408,14 @@ def classify(record: dict, unsupported: dict[str, str | None]) -> tuple[str, str
                 return "listed", f"{why} [hung]"
         return "failed", reason
     if record.get("phase") == "setup" and chain and chain[0]["type"] == "FixtureLookupError":
-        return "n/a", "DeepSpeed's harness: its DistributedFixture does not register with this pytest"
+        return "n/a", "DeepSpeed's harness: its DistributedFixture does not register with pytest 8.4 or later"
     name, why = _absent_reason(chain)
     if why:
         return "n/a", f"not claimed: {why} ({name})"
+    for other in record.get("absent", []):  # a rank stopped on it; another one failed first, waiting
+        found, why = _absent_reason([{"message": "", "absent": other}])
+        if why:
+            return "n/a", f"not claimed: {why} ({found}, on a rank that another one waited for)"
     key = _refused_key(chain, unsupported)
     if key:
         return "n/a", f"not claimed: zerotrain refuses {key!r} by name"
@@ -407,11 +428,17 @@ def classify(record: dict, unsupported: dict[str, str | None]) -> tuple[str, str
 
 
 def _records(results: Path, rel: str) -> list[dict]:
-    collected, done, errors = [], {}, []
+    collected, done, errors, absent = [], {}, [], []
     for rec in _events(results):
-        if rec["event"] == "collected":
+        if rec["event"] == "collected":  # (what the test files raised as they were imported is not a test's)
             collected.append(rec["nodeid"])
-        elif rec["event"] == "result":
+            absent = []
+        elif rec["event"] == "absent":  # a placeholder raised, in any process (the ranks too)
+            absent.append(rec["name"])
+        elif rec["event"] == "result":  # of the test that ran since the previous result
+            if absent:
+                rec = dict(rec, absent=list(dict.fromkeys(absent)))
+                absent = []
             done.setdefault(rec["nodeid"], rec)
         elif rec["event"] == "collect_error":
             errors.append(rec)
@@ -433,15 +460,27 @@ def _row(name: str, counts: collections.Counter, seconds: float | None = None) -
             f" (listed {counts['listed']:3d})  n/a {counts['n/a']:4d}{tail}")
 
 
-def _classified(file: str, records: list[dict], unsupported: dict[str, str | None]) -> list[dict]:
+def _classified(file: str, records: list[dict], unsupported: dict[str, str | None], k: str | None = None) -> list[dict]:
+    """Entries of the --json output; `k` is the run's -k (None: the whole file ran)."""
     out = []
     for rec in records:
         category, reason = classify(rec, unsupported)
-        out.append({"file": file, "test": rec["nodeid"], "category": category, "reason": reason, "record": rec})
+        out.append({"file": file, "test": rec["nodeid"], "category": category, "reason": reason, "record": rec,
+                    **({"k": k} if k else {})})
     return out
 
 
+def _suite_pytest(folder: Path) -> Path:
+    """A pytest that DeepSpeed's harness works under, installed into `folder` on first use."""
+    if not any(folder.glob("pytest-8.3.*.dist-info")):
+        print(f"installing {PYTEST_PIN} into {folder} (DeepSpeed's harness needs pytest<8.4)", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(folder), PYTEST_PIN],
+                       check=True)
+    return folder
+
+
 def _run(args, unsupported) -> list[dict]:
+    args.suite_pytest = _suite_pytest(args.suite_pytest.resolve())
     work = Path(tempfile.mkdtemp(prefix="zt-deepspeed-suite-"))
     staging = work / "source"
     staging.mkdir()
@@ -460,7 +499,7 @@ def _run(args, unsupported) -> list[dict]:
             stem = rel.replace("/", "__")
             results = work / "logs" / f"{stem}.jsonl"
             seconds = _run_file(work, rel, args, results, work / "logs" / f"{stem}.log")
-            entries = _classified(rel, _records(results, rel), unsupported)
+            entries = _classified(rel, _records(results, rel), unsupported, args.k)
             everything += entries
             print(_row(rel, collections.Counter(e["category"] for e in entries), seconds), flush=True)
     finally:
@@ -502,20 +541,29 @@ def main(argv=None) -> int:
                     help="seconds a distributed test may take (DeepSpeed's DS_UNITTEST_TIMEOUT, default 120)")
     ap.add_argument("--zerotrain-src", type=Path, default=ROOT / "src",
                     help="the zerotrain source to test (default this checkout's src/)")
+    ap.add_argument("--suite-pytest", type=Path, default=SUITE_PYTEST,
+                    help=f"folder holding the pytest the tests run under ({PYTEST_PIN}; installed there "
+                         "on first use; default benchmarks/.suite-pytest)")
     ap.add_argument("--json", type=Path, help="write every test's record, category and reason here")
     ap.add_argument("--reclassify", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: classify the records of earlier --json runs with today's rules "
-                         "(a file in a later JSON replaces its results from the earlier ones)")
+                         "(a file in a later JSON replaces its results from the earlier ones; from a -k "
+                         "run, only the tests it ran)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs under logs/)")
     args = ap.parse_args(argv)
     unsupported = _unsupported_keys(args.zerotrain_src)
     if args.reclassify:
-        runs = {}
+        by_file: dict[str, dict[str, dict]] = {}  # file -> test id -> its latest entry
         for path in args.reclassify:
             entries = json.loads(path.read_text())
-            runs.update({f: [e for e in entries if e["file"] == f] for f in dict.fromkeys(e["file"] for e in entries)})
-        everything = [c for entries in runs.values() for e in entries
-                      for c in _classified(e["file"], [e["record"]], unsupported)]
+            for file in dict.fromkeys(e["file"] for e in entries):
+                mine = {e["test"]: e for e in entries if e["file"] == file}
+                if any("k" in e for e in mine.values()):  # a -k run: those tests only
+                    by_file.setdefault(file, {}).update(mine)
+                else:  # the whole file ran (test ids may differ between pytest versions)
+                    by_file[file] = mine
+        everything = [c for tests in by_file.values() for e in tests.values()
+                      for c in _classified(e["file"], [e["record"]], unsupported, e.get("k"))]
     elif args.source is None:
         ap.error("give the DeepSpeed source (or --reclassify JSON)")
     else:

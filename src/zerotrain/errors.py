@@ -19,6 +19,11 @@ class ModelInterfaceError(TypeError):
     initialize, not at the first step). A TypeError, as calling it would have raised."""
 
 
+class GatheredModificationError(RuntimeError):
+    """A parameter was changed in place inside GatheredParameters(modifier_rank=None), where
+    changes are not kept. A RuntimeError, as DeepSpeed raises for the same mistake."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 

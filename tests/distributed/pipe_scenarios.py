@@ -158,8 +158,9 @@ def reference_run(cfg: dict, steps: int) -> dict:
 
 
 def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None = None, load: str | None = None,
-                 poison: bool = False, **module_kwargs) -> dict:
-    """Train `steps` optimizer steps (continuing from `load`); save = (dir, after_step)."""
+                 poison: bool = False, loader: bool = False, **module_kwargs) -> dict:
+    """Train `steps` optimizer steps (continuing from `load`); save = (dir, after_step);
+    loader: every step's pairs handed over once with set_dataloader, train_batch() reads them."""
     import zerotrain
     from zerotrain.pipe import PipelineModule
 
@@ -172,12 +173,17 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
     dp, d = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_rank()
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     losses, norms, skipped, seqlens, tokens = [], [], [], [], []
+
+    def pairs(step: int) -> list:
+        mine = global_batch(step, micro * ga * dp)[d * micro * ga:(d + 1) * micro * ga]
+        return [(mine[m * micro:(m + 1) * micro], mine[m * micro:(m + 1) * micro]) for m in range(ga)]
+
+    if loader:
+        engine.set_dataloader([pair for step in range(engine.global_steps, steps) for pair in pairs(step)])
     while engine.global_steps < steps:
         step = engine.global_steps
         Poison.step = step
-        mine = global_batch(step, micro * ga * dp)[d * micro * ga:(d + 1) * micro * ga]
-        pairs = iter([(mine[m * micro:(m + 1) * micro], mine[m * micro:(m + 1) * micro]) for m in range(ga)])
-        losses.append(engine.train_batch(pairs).item())
+        losses.append((engine.train_batch() if loader else engine.train_batch(iter(pairs(step)))).item())
         norms.append(engine.get_global_grad_norm())
         skipped.append(engine.skipped_steps)
         seqlens.append(engine.feature_value("curriculum_seqlen"))

@@ -116,6 +116,8 @@ def two_rank_cases() -> dict:
     out["recomputed"] = ps.pipeline_run(ps.config(GLOBAL, MICRO, 0, pipeline={"activation_checkpoint_interval": 2}),
                                         4)["losses"]
     out["eval"] = ps.evaluate(ps.config(GLOBAL, MICRO, 0))
+    out["dataloader"] = ps.pipeline_run(ps.config(GLOBAL, MICRO, 0), 2, loader=True)["losses"]  # set_dataloader
+    out["one_micro"] = ps.pipeline_run(ps.config(MICRO, MICRO, 0), 2)["losses"]  # 1f1b, fewer micro-batches than stages
     errors = {}
     for case in ("few_layers", "indivisible", "dry"):
         try:
@@ -129,6 +131,7 @@ def two_rank_cases() -> dict:
 def test_pipeline_only_and_every_schedule(world2):
     ranks = world2.run(two_rank_cases, timeout=400)
     reference = ps.reference_run(ps.config(GLOBAL, MICRO, 0), STEPS)
+    one_micro = ps.reference_run(ps.config(MICRO, MICRO, 0), 2)
     for r in ranks:
         assert r["parity"]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
         assert r["parity"]["tokens"] == reference["tokens"]
@@ -136,6 +139,8 @@ def test_pipeline_only_and_every_schedule(world2):
             assert r[name] == pytest.approx(reference["losses"][:4], rel=1e-5), name
         assert r["recomputed"] == pytest.approx(reference["losses"][:4], rel=1e-5)
         assert r["eval"] == pytest.approx(ps.reference_eval(), rel=1e-5)
+        assert r["dataloader"] == pytest.approx(reference["losses"][:2], rel=1e-5)
+        assert r["one_micro"] == pytest.approx(one_micro["losses"], rel=1e-5)
     _close(_merged([r["parity"] for r in ranks]), reference["params"], 1e-5)
     errors = ranks[0]["errors"]
     assert errors == ranks[1]["errors"]  # the same line on every rank

@@ -9,6 +9,7 @@ trained at stage 0 in one process (same seed, so zero.Init must reproduce its in
 from __future__ import annotations
 
 import pytest
+import torch
 
 from any_models import train_model
 
@@ -138,3 +139,93 @@ def test_init_chunks_hold_only_themselves(world2, dtype):
     for rank in world2.run(chunk_bytes_under_init, dtype):
         for name, held, needed in rank:
             assert held == needed, f"{name}: its chunk keeps {held} bytes alive for {needed}"
+
+
+def generate_between_steps(stage: int) -> dict:
+    """Train a step, "generate" (three forwards of a growing prefix) inside
+    unwrap_model_for_generation, train two more steps; each rank its half of the batch."""
+    import torch
+
+    import zerotrain
+    from scenarios import global_batch, rank_and_world, tiny_gpt
+
+    rank, world = rank_and_world()
+    model = tiny_gpt()
+    engine, *_ = zerotrain.initialize(model=model, config={
+        "train_batch_size": 4, "gradient_clipping": 0.0, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}})
+    strategy = engine.strategy if stage == 3 else None
+
+    def whole_numels() -> list[int]:
+        with torch._C.DisableTorchFunctionSubclass():  # what the tensors hold, nothing gathered
+            return [p.numel() for p in model.parameters()]
+
+    def train_step(step: int) -> float:
+        mine = global_batch(step, 4)[rank * 4 // world : (rank + 1) * 4 // world]
+        loss = engine(mine, labels=mine)
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+
+    losses = [train_step(0)]
+    prompt, logits, whole_inside = torch.arange(6).reshape(1, 6) % 8, [], []
+    with zerotrain.zero.unwrap_model_for_generation(engine) as unwrapped, torch.no_grad():
+        for n in range(3):
+            logits.append(unwrapped(prompt[:, : 4 + n])[0, -1].clone())
+            whole_inside.append(whole_numels())  # the module hooks released nothing
+    after = whole_numels()
+    losses += [train_step(1), train_step(2)]
+    return {"losses": losses, "logits": logits, "whole_inside": whole_inside, "after": after,
+            "full": [p.numel() for p in model.parameters()], "returned_engine": unwrapped is engine,
+            "live_after": strategy.gatherer.live_numel if strategy else 0}
+
+
+def test_unwrap_model_for_generation_gathers_once_and_training_goes_on(world2):
+    reference = generate_between_steps(0)
+    ranks = world2.run(generate_between_steps, 3)
+    for r in ranks:
+        assert r["returned_engine"]
+        assert all(inside == r["full"] for inside in r["whole_inside"])
+        assert all(n == 0 for n in r["after"]) and r["live_after"] == 0  # released on exit
+        for mine, ref in zip(r["logits"], reference["logits"]):
+            assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-6)
+    mean = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
+    assert mean == pytest.approx(reference["losses"], rel=1e-5)  # the next passes trained as before
+
+
+def modify_without_modifier_rank(built_under_init: bool) -> dict:
+    """Only rank 0 changes a weight inside GatheredParameters(modifier_rank=None)."""
+    import torch
+
+    import zerotrain
+    from scenarios import rank_and_world, tiny_gpt
+
+    rank, _ = rank_and_world()
+    if built_under_init:
+        with zerotrain.zero.Init():
+            model = tiny_gpt()
+    else:
+        model = tiny_gpt()
+        zerotrain.initialize(model=model, config={"train_batch_size": 2, "zero_optimization": {"stage": 3},
+                                                  "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    target = model.blocks[0].fc.weight
+    with zerotrain.zero.GatheredParameters([target]):
+        before = target.detach().clone()
+    error = None
+    try:
+        with zerotrain.zero.GatheredParameters([target]):
+            if rank == 0:
+                with torch.no_grad():
+                    target.add_(1.0)
+    except zerotrain.errors.GatheredModificationError as e:
+        error = str(e)
+    with zerotrain.zero.GatheredParameters([target]):
+        unchanged = bool(torch.equal(target.detach(), before))
+    return {"error": error, "unchanged": unchanged}
+
+
+@pytest.mark.parametrize("built_under_init", [True, False])
+def test_a_change_without_modifier_rank_is_an_error_on_every_rank(world2, built_under_init):
+    for r in world2.run(modify_without_modifier_rank, built_under_init):
+        assert r["error"] and "modifier_rank=<rank>" in r["error"]
+        assert r["unchanged"]  # partitioned again as it was: rank 0's change is not kept

@@ -8,7 +8,8 @@ It maps names and holds no behaviour of zerotrain's. Every `deepspeed.*` module 
     CONSTANTS  DeepSpeed's spellings of config keys and type names (plain strings)
     _harness   what DeepSpeed's test harness needs from its environment and zerotrain does
                not claim: a CPU accelerator over torch's CPU calls, torch.distributed as
-               deepspeed.comm, torch's version info, op builders (only the two Adams are "built": zerotrain builds torch's AdamW for DeepSpeed's
+               deepspeed.comm (a 0-d all_gather_into_tensor, which gloo refuses, as 1-d),
+               torch's version info, op builders (only the two Adams are "built": zerotrain builds torch's AdamW for DeepSpeed's
                "Adam" type, on the device or offloaded),
                MoE's parameter grouping (there are no experts, so groups pass through)
 
@@ -24,6 +25,8 @@ import copyreg
 import importlib
 import importlib.abc
 import importlib.machinery
+import json
+import os
 import sys
 import types
 
@@ -45,6 +48,8 @@ REFS = {
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_Z}.zero:Init",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_Z}.zero:GatheredParameters",
     "deepspeed.runtime.zero.register_external_parameter": f"{_Z}.zero:register_external_parameter",
+    "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_Z}.zero:unwrap_model_for_generation",
+    "deepspeed.runtime.zero.GatheredParameters": f"{_Z}.zero:GatheredParameters",
     # engine, schedules, features, precision
     "deepspeed.runtime.engine.DeepSpeedEngine": f"{_Z}.engine.engine:Engine",
     "deepspeed.DeepSpeedEngine": f"{_Z}.engine.engine:Engine",
@@ -69,6 +74,17 @@ REFS = {
     "deepspeed.runtime.precision_config.DeepSpeedFP16Config": f"{_Z}.config:FP16Config",
     "deepspeed.runtime.precision_config.DeepSpeedBF16Config": f"{_Z}.config:BF16Config",
     "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_Z}.config.base:Block",
+    # pipeline parallelism (zerotrain.pipe) and its process topologies
+    **{f"{mod}.{name}": f"{_Z}.pipe:{name}" for name in ("PipelineModule", "LayerSpec", "TiedLayerSpec")
+       for mod in ("deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.module")},
+    **{f"{mod}.{name}": f"{_Z}.pipe:{name}"
+       for name in ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology")
+       for mod in ("deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology")},
+    "deepspeed.runtime.pipe.engine.PipelineEngine": f"{_Z}.pipe:PipelineEngine",
+    "deepspeed.PipelineEngine": f"{_Z}.pipe:PipelineEngine",
+    "deepspeed.PipelineModule": f"{_Z}.pipe:PipelineModule",
+    "deepspeed.utils.RepeatingLoader": f"{_Z}.pipe:RepeatingLoader",
+    "deepspeed.runtime.dataloader.RepeatingLoader": f"{_Z}.pipe:RepeatingLoader",
     # checkpoints
     "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint":
         f"{_Z}.checkpoint.consolidate:consolidate_checkpoint",
@@ -116,7 +132,16 @@ CONSTANTS = {
 
 
 class NotInZerotrain(Exception):
-    """A DeepSpeed name with no zerotrain counterpart was used; args[0] is the name."""
+    """A DeepSpeed name with no zerotrain counterpart was used; args[0] is the name. Each one
+    raised is also noted in the suite's results file, so a test whose other rank failed first
+    (waiting at a barrier for this one) still tells which name stopped it."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        path = os.environ.get("ZT_SUITE_RESULTS")
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"event": "absent", "name": name}) + "\n")
 
     @property
     def name(self) -> str:
@@ -197,7 +222,7 @@ class _ShimModule(types.ModuleType):
         value = _resolve(full)
         if value is None:
             if name.startswith("_"):  # (the text names it for the suite when a test reads it)
-                raise AttributeError(str(NotInZerotrain(full)))
+                raise AttributeError(f"{full}: no zerotrain counterpart (deepspeed shim)")
             factory = importlib.import_module("deepspeed._harness").FACTORIES.get(self.__name__)
             if factory is not None and (made := factory(name)) is not None:
                 value = made

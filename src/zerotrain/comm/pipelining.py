@@ -92,6 +92,10 @@ class Pipeline:
         ensure_process_group()
         if not train and SCHEDULES[schedule].placement == "single":
             schedule = "gpipe"  # forward only: any order does, and gpipe takes any micro-batch count
+        if schedule == "1f1b" and n_microbatches < num_stages:
+            # torch's 1F1B wants a micro-batch per stage; with fewer, its warm-up already holds
+            # every forward, so GPipe's order does the same arithmetic (DeepSpeed's 1F1B takes any count)
+            schedule = "gpipe"
         kind = SCHEDULES[schedule]
         self.stages = [_TimedStage(module, index, num_stages, device, group=group) for index, module in chunks]
         self.has_first = any(s.is_first for s in self.stages)

@@ -70,6 +70,11 @@ class PipelineEngine(TrainingEngine):
     def set_dataiterator(self, iterator) -> None:
         self.data_iterator = iterator
 
+    def set_dataloader(self, loader) -> None:
+        """DeepSpeed's: train_batch() without an iterator reads `loader`, once through."""
+        self.training_dataloader = loader
+        self.data_iterator = iter(loader)
+
     def set_batch_fn(self, fn) -> None:
         """fn(item) -> (inputs, labels), applied to each item the data iterator yields."""
         self._batch_fn = fn

@@ -12,7 +12,8 @@ from ..errors import ConfigError
 from .stage0 import DataParallel
 from .stage1 import ShardedOptimizer
 from .stage2 import ShardedGradients
-from .gathered_parameters import GatheredParameters, register_external_parameter, unregister_external_parameter
+from .gathered_parameters import (GatheredParameters, register_external_parameter, unregister_external_parameter,
+                                  unwrap_model_for_generation)
 from .partitioned_init import Init, is_partitioned
 from .stage3 import ShardedParameters
 from .strategy import DEFAULT_BUCKET_NUMEL, ZeroStrategy

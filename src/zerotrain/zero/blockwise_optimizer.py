@@ -19,7 +19,8 @@ So no fp32 copy of the gradients persists (the ZeRO paper's 16 bytes per paramet
 Adam: 2 + 2 + 12), and with nvme host memory holds two blocks in flight, never a shard.
 Reads and writes are positional (pread/pwrite) on a thread pool, which releases the GIL.
 Blocks are only correct for optimizers that update each element on its own (SGD, Adam,
-...); any other optimizer steps each group as one block.
+...); any other optimizer steps each group as one block. State that is not one value per
+element (a client optimizer's counters, scalars) is kept per block as the optimizer left it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .nvme_swap import FileStore, copy_into
+from .nvme_swap import FileBacked, FileStore, copy_into
 
 # torch optimizers whose update of an element reads only that element (and scalars)
 ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Rprop",
@@ -65,6 +66,8 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         self.blocks = [max(1, min(block_numel, g.numel)) if elementwise else max(1, g.numel) for g in groups]
         self.steps = [0 for _ in groups]
         self.state_keys: list[str] = []  # the per-element state tensors, learned at the first step
+        self.keeps_step = True  # whether the optimizer keeps a "step" entry (torch's do), idem
+        self.extra: dict[tuple[int, int], dict] = {}  # (group, block) -> its other state entries
         self.masters: list[torch.Tensor | None] = []
         self.master_files: list[FileStore | None] = []
         self.state_files: dict[tuple[int, str], FileStore] = {}
@@ -163,12 +166,16 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                 state = self.inner.state[slot]
                 state.clear()
                 if self.steps[gi]:
-                    state.update(state_in, step=torch.tensor(float(self.steps[gi])))
+                    state.update(self.extra.get((gi, b), {}), **state_in)
+                    if self.keeps_step:
+                        state["step"] = torch.tensor(float(self.steps[gi]))
                 self.inner.step()
                 slot.grad = None
-                if not self.state_keys:  # the first block ever: learn which state tensors to keep
+                if not self.state_keys and not self.steps[gi]:  # the first block ever: learn the state's form
                     self.state_keys = [k for k, v in state.items()
                                        if torch.is_tensor(v) and v.numel() == hi - lo and k != "step"]
+                    self.keeps_step = "step" in state
+                self.extra[(gi, b)] = {k: v for k, v in state.items() if k not in self.state_keys and k != "step"}
                 g.write_model(lo, master)
                 if self.folder is None:
                     if not self.steps[gi]:  # first step: the optimizer made fresh state tensors
@@ -198,7 +205,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         for gi, g in enumerate(self.groups):
             if not self.steps[gi]:
                 continue
-            entry = {"step": torch.tensor(float(self.steps[gi]))}
+            entry = {"step": torch.tensor(float(self.steps[gi])), **self._extra_entry(gi)}
             for key in self.state_keys:  # files are copied file to file by the checkpoint writer
                 store = self._state_tensor(gi, key)
                 entry[key] = store if isinstance(store, FileStore) else store.detach().clone()
@@ -206,14 +213,25 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": [{k: v for k, v in pg.items() if k != "params"}
                                                  for pg in self.param_groups]}
 
+    def _extra_entry(self, gi: int) -> dict:
+        """A group's other state entries: torch's flat layout for one block, else by block."""
+        blocks = [self.extra.get((gi, b), {}) for b in range(len(self._ranges(gi)))]
+        return dict(blocks[0]) if len(blocks) == 1 else {"blocks": blocks} if any(blocks) else {}
+
     def load_state_dict(self, saved: dict) -> None:
         for gi, entry in saved["state"].items():
             gi = int(gi)
             self.steps[gi] = int(entry["step"])
-            keys = [k for k in entry if k != "step"]
+            n = self.groups[gi].numel
+            keys = [k for k in entry if k not in ("step", "blocks") and (
+                k in self.state_keys or isinstance(entry[k], FileBacked)
+                or (torch.is_tensor(entry[k]) and entry[k].numel() == n))]
             self.state_keys = self.state_keys or keys
             for key in keys:
                 copy_into(self._state_tensor(gi, key), entry[key])
+            other = {k: v for k, v in entry.items() if k not in keys and k not in ("step", "blocks")}
+            for b, block in enumerate(entry.get("blocks") or [other]):
+                self.extra[(gi, b)] = dict(block)
         for group, hyper in zip(self.param_groups, saved["param_groups"]):
             group.update(hyper)
 

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
-from .partitioned_init import is_partitioned
+from ..errors import GatheredModificationError
+from .partitioned_init import full_shape, is_partitioned
 from .stage3_schedule import EXTERNAL_ATTR
 
 # parameter id -> the stage-3 strategy that shards it
@@ -42,48 +43,92 @@ def _owner_of(p):
 @contextmanager
 def GatheredParameters(params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
     """`fwd_module` (DeepSpeed's, for registering external parameters) has no effect here:
-    uses of parameters outside their module are found automatically."""
+    uses of parameters outside their module are found automatically. With `modifier_rank`
+    None nothing written inside is kept, so an in-place change there (on any rank) is an
+    error on every rank, raised after the parameters are partitioned again as they were."""
     params = [params] if torch.is_tensor(params) else list(params)
-    if enabled:
-        building = [p for p in params if is_partitioned(p)]  # under zero.Init, no engine yet
-        if building:
-            with _glued(building, modifier_rank):
-                with GatheredParameters([p for p in params if not is_partitioned(p)], modifier_rank):
-                    yield
-            return
+    building = [p for p in params if enabled and is_partitioned(p)]  # under zero.Init, no engine yet
     by_owner: dict[int, tuple[object, dict[int, list[int]], list]] = {}
-    for p in params:
-        owner = _owner_of(p)
+    for p in params if enabled else ():
+        owner = None if is_partitioned(p) else _owner_of(p)
         if owner is None:
             continue
         entry = by_owner.setdefault(id(owner), (owner, {}, []))
         gi, i = owner.where[id(p)]
         entry[1].setdefault(gi, []).append(i)
         entry[2].append(p)
-    if not enabled or not by_owner:
+    if not building and not by_owner:
         yield
         return
+    chunks = [p.zt_chunk for p in building]  # what the ranks hold now, kept if nothing may change
+    for p in building:
+        p.zt_owner._glue(p)
     for owner, own, _ in by_owner.values():
         owner.gatherer.gather(own)
+    gathered = building + [p for _, _, plist in by_owner.values() for p in plist]
+    before = [(p.data_ptr(), p._version) for p in gathered]
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
+        changed = []
+        if modifier_rank is None:
+            comm = building[0].zt_owner.comm if building else next(iter(by_owner.values()))[0].comm
+            changed = _changed_anywhere(comm, gathered, before)
+        for p, chunk in zip(building, chunks):
+            if modifier_rank is None:
+                p.zt_chunk, p.data = chunk, torch.empty(0, dtype=p.dtype, device=p.device)
+            else:
+                p.zt_owner._cut(p, src=modifier_rank)
         for owner, own, plist in by_owner.values():
             if modifier_rank is not None:
                 owner.write_back(own, modifier_rank)
-            owner.gatherer.release(plist)
+            owner.gatherer.release(plist, force=bool(changed))  # a changed persistent one: from the shards again
+        if changed and not failed:
+            raise GatheredModificationError(
+                f"GatheredParameters(modifier_rank=None): in-place modification of {changed} inside the block; "
+                "with modifier_rank=None changes are not kept (the parameters are partitioned again as they "
+                "were); pass modifier_rank=<rank> to give every rank that rank's values")
 
 
 @contextmanager
-def _glued(params, modifier_rank: int | None):
-    """zero.Init-built parameters whole for the block; cut again on exit from `modifier_rank`'s values."""
-    for p in params:
-        p.zt_owner._glue(p)
+def unwrap_model_for_generation(model):
+    """DeepSpeed's (for generation loops, e.g. TRL's): generating runs many short forwards, and
+    at stage 3 each would gather and release every module again. Here every parameter of
+    `model` (an engine or a module) is gathered once for the block, the stage-3 module hooks
+    stand aside (nothing released, no pass recorded, so training prefetches as it did) and all
+    is released on exit. With nothing partitioned (stages 0-2) the block just runs. Yields
+    `model` itself (an engine's forward and `generate` reach its module)."""
+    params = list(model.parameters())
+    owners = list({id(o): o for o in map(_owner_of, params) if o is not None}.values())
+    for owner in owners:
+        owner.schedule.pause()
     try:
-        yield
+        with GatheredParameters(params):
+            yield model
     finally:
-        for p in params:
-            p.zt_owner._cut(p, src=modifier_rank if modifier_rank is not None else 0)
+        for owner in owners:
+            owner.schedule.resume()
+
+
+def _changed_anywhere(comm, params: list, before: list[tuple[int, int]]) -> str:
+    """A description of the parameters changed on any rank since `before` ('' if none); a
+    collective (one flag all-reduced), so every rank answers the same."""
+    with torch._C.DisableTorchFunctionSubclass():  # the tensors as they are: nothing gathered
+        # a parameter a module hook released meanwhile reads as empty: only its version tells
+        mine = [i for i, (p, (ptr, version)) in enumerate(zip(params, before))
+                if p._version != version or (p.numel() and p.data_ptr() != ptr)]
+    flags = torch.zeros(len(params), dtype=torch.int32)
+    flags[mine] = 1
+    comm.all_reduce(flags, op="max")
+    hit = flags.nonzero().flatten().tolist()
+    if not hit:
+        return ""
+    shapes = ", ".join(f"the parameter of shape {tuple(full_shape(params[i]))}" for i in hit[:3])
+    return shapes + (f" and {len(hit) - 3} more" if len(hit) > 3 else "")
 
 
 def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:

@@ -42,6 +42,7 @@ class GatherSchedule:
         self.gatherer = gatherer
         self.max_live_numel = max_live_numel
         self.in_backward = False
+        self.paused = False  # unwrap_model_for_generation: everything is whole, hooks stand aside
         self.names = {}  # id(param) -> its first name in the model, for error lines
         self.module_names = {}  # id(module) -> its name
         for name, m in module.named_modules(remove_duplicate=False):
@@ -83,6 +84,12 @@ class GatherSchedule:
     def end_backward(self) -> None:
         self.in_backward = False
         self._stack = []
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -202,6 +209,8 @@ class GatherSchedule:
         """Gather module k, then prefetch the modules the last pass ran next, within the
         prefetch bucket and the live-parameter budget. Every rank runs the same modules in
         the same order, so the prefetch collectives line up across ranks."""
+        if self.paused:
+            return
         position = len(self._now[backward])
         self._now[backward].append(k)
         if not backward and not self.in_backward:  # recomputation may stop early, hooks unrun
@@ -226,6 +235,8 @@ class GatherSchedule:
         gradient of each output that needs one, which arrives just before the module's own
         backward. (A full backward pre-hook would do the same, but its extra autograd node
         around every module kept about 50 MB more heap at the peak of a 20M-parameter GPT.)"""
+        if self.paused:
+            return
         if self._stack and self._stack[-1] == k:
             self._stack.pop()
         leaves = tree_leaves(output) if torch.is_grad_enabled() else []  # no backward to come
