@@ -224,6 +224,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     strategy = build_strategy(cfg.zero_optimization, model, groups, registration, data, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
+                              gradient_mean=cfg.gradient_allreduce_op == "mean",
                               accumulation_dtype=_accumulation_dtype(cfg, compute_dtype),
                               optimizer_state_bytes=_state_bytes(cfg))
     strategy = layout.wrap(strategy)  # the norm over the other parts of the model, if any

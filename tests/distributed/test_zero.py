@@ -43,6 +43,15 @@ def test_stage_matches_one_process(world2, reference, stage, variant):
     assert ranks[0]["norms"] == pytest.approx(reference["norms"], rel=1e-4)
 
 
+@pytest.mark.parametrize("stage", [0] + STAGES)
+def test_gradient_allreduce_op_sum_adds_the_ranks_gradients(world2, reference, stage):
+    """"sum" hands the optimizer the sum over the 2 ranks: every step's norm is twice the
+    1-process mean's (Adam's step barely sees the factor, so the weights still agree)."""
+    ranks = world2.run(train, zero_config(stage, 2, gradient_allreduce_op="SUM"), 20, 4)
+    assert ranks[0]["norms"] == pytest.approx([2 * n for n in reference["norms"]], rel=1e-4)
+    assert_params_close(ranks[0]["params"], reference["params"], rtol=1e-3)
+
+
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_half_precision_matches_one_process_and_skips_overflow(world2, stage, precision):

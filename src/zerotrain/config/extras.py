@@ -95,8 +95,6 @@ class DeepSpeedExtras(Block):
                                     ok=lambda v: v in (None, False))
     sparse_gradients: Any = refused(None, "sparse gradients are not built: the engine's gradients are dense",
                                     ok=lambda v: v in (None, False))
-    gradient_allreduce_op: Any = refused("mean", "gradients are always averaged (\"mean\"); \"sum\" is not built",
-                                         ok=lambda v: v in (None, "mean"))
     managed_gradient_accumulation: Any = refused(None, "the engine always divides the loss by "
                                                        "gradient_accumulation_steps", ok=lambda v: v in (None, True))
     communication_data_type: Any = refused(None, "gradients are reduced in the training dtype; a different "

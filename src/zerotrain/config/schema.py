@@ -190,6 +190,9 @@ class ZeroTrainConfig(DeepSpeedExtras):
                                            "fp32/bf16 always divide before (inside the backward).")
     gradient_predivide_factor: Float = acts(1.0, "fp16: divide grads by this before the all-reduce and by "
                                                  "world_size/this after.", gt=0.0)
+    gradient_allreduce_op: Literal["mean", "sum"] = acts(
+        "mean", "How data-parallel gradients combine: \"mean\" averages them over the ranks, \"sum\" adds "
+                "them (any case).")
     dataloader_drop_last: bool = acts(False, "The dataloader initialize returns drops the last incomplete batch.")
     optimizer: OptimizerConfig | None = acts(None, "Optimizer to build; none means bring your own.")
     scheduler: SchedulerConfig | None = acts(None, "LR scheduler to build.")
@@ -232,6 +235,11 @@ class ZeroTrainConfig(DeepSpeedExtras):
     @property
     def compute_dtype_name(self) -> str:
         return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
+
+    @field_validator("gradient_allreduce_op", mode="before")
+    @classmethod
+    def _allreduce_op_any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # DeepSpeed reads "SUM" as "sum"
 
     @field_validator("pipeline", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: Shar
 
 def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], registration: dict[int, int],
                    comm: Comm, compute_dtype: torch.dtype, device, *, prescale_gradients: bool = False,
-                   gradient_predivide_factor: float = 1.0,
+                   gradient_predivide_factor: float = 1.0, gradient_mean: bool = True,
                    accumulation_dtype: torch.dtype | None = None, optimizer_state_bytes: int = 8) -> ZeroStrategy:
     """`zero` is the validated zero_optimization block, every value in it the one in force
     (config/zero.py resolves the defaults); stage 3 writes back the two it derives from the model."""
@@ -39,7 +39,8 @@ def build_strategy(zero, module: torch.nn.Module, param_groups: list[dict], regi
                           "set \"stage\" to 1 or more, or remove offload_optimizer")
     # offload_param below stage 3 is ignored, as DeepSpeed does; the notice at initialize names it
     kwargs = dict(bucket_numel=int(zero.reduce_bucket_size), prescale_gradients=prescale_gradients,
-                  gradient_predivide_factor=gradient_predivide_factor, overlap_comm=bool(zero.overlap_comm),
+                  gradient_predivide_factor=gradient_predivide_factor, gradient_mean=gradient_mean,
+                  overlap_comm=bool(zero.overlap_comm),
                   offload_optimizer=offload, offload_block_numel=int(zero.sub_group_size),
                   accumulation_dtype=accumulation_dtype, optimizer_state_bytes=optimizer_state_bytes)
     if zero.stage == 3:

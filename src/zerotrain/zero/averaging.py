@@ -32,11 +32,15 @@ class Averaging:
         acc.add_(summed.to(acc.device), alpha=self.after)
 
 
-def plan_averaging(world_size: int, prescale: bool, predivide: float, dtype: torch.dtype) -> Averaging:
+def plan_averaging(world_size: int, prescale: bool, predivide: float, dtype: torch.dtype,
+                   mean: bool = True) -> Averaging:
     """fp16: where the spec says (prescale_gradients, gradient_predivide_factor), for that
     choice guards its narrow range. fp32 and bf16 have range to spare, so the whole 1/N goes
     into the loss: no pass over the gradients for it, and for a power-of-two world size the
-    very numbers that dividing after the sum gives."""
+    very numbers that dividing after the sum gives. mean=False (gradient_allreduce_op "sum")
+    leaves the sum: the same plan with a divisor of 1."""
+    if not mean:
+        world_size = 1
     if dtype != torch.float16:
         return Averaging(in_loss=1.0 / world_size)
     if prescale:

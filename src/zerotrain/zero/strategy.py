@@ -46,7 +46,7 @@ class ZeroStrategy(ABC):
     def __init__(self, param_groups: list[dict], registration: dict[int, int], comm: Comm,
                  compute_dtype: torch.dtype, device, *, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
                  prescale_gradients: bool = False, gradient_predivide_factor: float = 1.0,
-                 overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22,
+                 gradient_mean: bool = True, overlap_comm: bool = True, offload_optimizer=None, offload_block_numel: int = 1 << 22,
                  accumulation_dtype: torch.dtype | None = None, optimizer_state_bytes: int = 8):
         self.comm = comm
         self.compute_dtype = compute_dtype
@@ -58,7 +58,7 @@ class ZeroStrategy(ABC):
         self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel)
         #: where the division by the world size happens (averaging.py)
         self.averaging: Averaging = plan_averaging(comm.world_size, prescale_gradients,
-                                                   float(gradient_predivide_factor), compute_dtype)
+                                                   float(gradient_predivide_factor), compute_dtype, gradient_mean)
         # fp32 masters are separate tensors when the model computes in half precision or when
         # they live elsewhere (offloaded); otherwise the step writes the model's own buffer
         self.separate_masters = self.offload.separate_from(self.device, self.mixed)

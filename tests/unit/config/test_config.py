@@ -439,7 +439,6 @@ def test_unknown_key_suggests_alias_and_short_name():
     ({"communication_data_type": "fp16"}, "communication_data_type: 'fp16': gradients are reduced in the training "
                                           "dtype (fp32); set it to 'fp32' or remove it"),
     ({"sparse_gradients": True}, "sparse_gradients: sparse gradients are not built"),
-    ({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op: gradients are always averaged"),
     ({"fp16": {"fp16_master_weights_and_grads": True}},
      "fp16.fp16_master_weights_and_grads: fp16 master weights are not built: zerotrain keeps fp32 master weights "
      "and gradients; remove it or set it to false"),
@@ -469,10 +468,11 @@ def test_tag_validation_takes_deepspeeds_modes_in_any_case():
         load({"checkpoint": {"tag_validation": "foo"}})
 
 
-def test_gradient_allreduce_op_reads_as_what_is_built():
-    # DeepSpeed's default, and the one op zerotrain does: a script reading it sees "mean"
-    assert load().gradient_allreduce_op == "mean"
-    assert load({"gradient_allreduce_op": "mean"}).gradient_allreduce_op == "mean"
+def test_gradient_allreduce_op_reads_mean_or_sum_in_any_case():
+    assert load().gradient_allreduce_op == "mean"  # DeepSpeed's default
+    assert load({"gradient_allreduce_op": "SUM"}).gradient_allreduce_op == "sum"
+    with pytest.raises(ConfigError, match="gradient_allreduce_op: should be 'mean' or 'sum', got \"max\""):
+        load({"gradient_allreduce_op": "max"})
 
 
 @pytest.mark.parametrize("fragment", [
