@@ -24,7 +24,7 @@ from .layout import cut
 from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
 from .param_shard_store import IOBuffers, ParamStore
-from .host_memory import release_freed_memory
+from .host_memory import release_freed_memory, return_large_blocks
 from .stage3_gather import Gatherer, ShardedGroup
 from .stage3_schedule import GatherSchedule
 from .strategy import ZeroStrategy
@@ -38,6 +38,7 @@ class ShardedParameters(ZeroStrategy):
                  reuse_numel: int | None = None, max_live_numel: int = 1_000_000_000, offload_param=None,
                  **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
+        return_large_blocks()  # freed step temporaries go back to the system (host_memory.py)
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
         self.separate_masters = self.separate_masters or param_kind == "nvme"
         ws, rank = comm.world_size, comm.rank
