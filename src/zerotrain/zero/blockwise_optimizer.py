@@ -157,10 +157,13 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
 
     def _grad(self, g: MasterGroup, lo: int, hi: int) -> torch.Tensor:
         """The block's gradient in fp32 where the step runs: a view when it is so already,
-        else a copy into one reused buffer."""
+        else a copy into one reused buffer (a temporary for a whole group that a
+        non-elementwise optimizer steps at once: that would be a shard kept for good)."""
         grad = g.grad[lo:hi]
         if grad.dtype == torch.float32 and grad.device == self.device:
             return grad
+        if max(self.blocks) > RESIDENT_BLOCK_NUMEL:
+            return grad.to(self.device, torch.float32)
         if self._grad_buffer is None:
             self._grad_buffer = torch.empty(max(self.blocks), dtype=torch.float32, device=self.device)
         return self._grad_buffer[: hi - lo].copy_(grad)
