@@ -206,7 +206,10 @@ OFFLOADS = {
     "stage2-cpu": (2, {"offload_optimizer": {"device": "cpu"}}),
     "stage2-nvme": (2, {"offload_optimizer": {"device": "nvme"}}),
     "stage3-cpu-cpu": (3, {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
-    "stage3-nvme-nvme": (3, {"offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}),
+    # small I/O buffers: 2 parameter reads in flight, each at most the largest chunk (c_fc's);
+    # the optimizer step reads one block ahead and writes none behind
+    "stage3-nvme-nvme": (3, {"offload_optimizer": {"device": "nvme", "buffer_count": 2},
+                             "offload_param": {"device": "nvme", "buffer_count": 2, "buffer_size": 2048}}),
 }
 
 

@@ -42,11 +42,14 @@ class _Offload(Block):
     def _nvme_needs_path(self) -> _Offload:
         if self.device == "nvme" and not self.nvme_path:
             raise FieldProblem("nvme_path", "is missing: device 'nvme' needs a directory")
+        if self.device == "nvme" and self.buffer_count < 1:
+            raise FieldProblem("buffer_count", "is 0: device 'nvme' needs at least one I/O buffer; set it to 1 or more")
         return self
 
 
 class OffloadOptimizerConfig(_Offload):
-    buffer_count: Int = no_effect(4, "zerotrain's NVMe swap keeps two blocks in flight of its own accord", ge=0)
+    buffer_count: Int = acts(4, "NVMe: optimizer blocks (master + state) in host memory at once: one stepped, one "
+                                "read ahead, the rest being written.", ge=0)
     pipeline_read: bool = no_effect(False, "the read of the next NVMe block always overlaps the step")
     pipeline_write: bool = no_effect(False, "the write of a stepped NVMe block always overlaps the next one")
     fast_init: bool = no_effect(False, "NVMe swap files are written at initialize as they are")
@@ -57,8 +60,9 @@ class OffloadOptimizerConfig(_Offload):
 
 
 class OffloadParamConfig(_Offload):
-    buffer_count: Int = no_effect(5, "stage 3 reads each parameter shard whole; no swap buffer pool", ge=0)
-    buffer_size: Int = no_effect(100_000_000, "stage 3 reads each parameter shard whole; no swap buffer pool", ge=0)
+    buffer_count: Int = acts(5, "NVMe: parameter shard reads in flight at once (stage 3's read-ahead window).", ge=0)
+    buffer_size: Int = acts(100_000_000, "NVMe: most elements per parameter read; each parameter's chunk must fit "
+                                         "(buffers are sized to their read, so at most count x size resident).", ge=0)
     max_in_cpu: Int = no_effect(1_000_000_000, "parameter shards on NVMe are read into host memory as needed", ge=0)
 
 

@@ -16,8 +16,11 @@ files (offload nvme). `BlockwiseOptimizer` steps them `block` elements at a time
              |          | write b0 | write b1 | write b2
 
 So no fp32 copy of the gradients persists (the ZeRO paper's 16 bytes per parameter with
-Adam: 2 + 2 + 12), and with nvme host memory holds two blocks in flight, never a shard.
-Reads and writes are positional (pread/pwrite) on a thread pool, which releases the GIL.
+Adam: 2 + 2 + 12), and with nvme host memory holds offload_optimizer.buffer_count blocks
+(master + state) at once, never a shard: one stepped, one read ahead, the rest being written
+(4: two writes behind; 1: read, step and write one after the other). Those buffers are
+allocated once and reused, block after block. Reads and writes are positional
+(pread/pwrite) on a thread pool, which releases the GIL.
 Blocks are only correct for optimizers that update each element on its own (SGD, Adam,
 ...); any other optimizer steps each group as one block. State that is not one value per
 element (a client optimizer's counters, scalars) is kept per block as the optimizer left it.
@@ -53,8 +56,13 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
     """A torch optimizer (param_groups, step, state_dict) over fp32 masters it keeps itself."""
 
     def __init__(self, build, hyper: list[dict], groups: list[MasterGroup], *, device: torch.device,
-                 pin: bool = False, folder=None, block_numel: int = RESIDENT_BLOCK_NUMEL, pool=None):
+                 pin: bool = False, folder=None, block_numel: int = RESIDENT_BLOCK_NUMEL, pool=None,
+                 buffer_count: int = 4):
         self.groups, self.device, self.pin, self.folder, self.pool = groups, device, pin, folder, pool
+        self.buffer_count = max(1, buffer_count)  # nvme: blocks in host memory at once
+        self._free: list[torch.Tensor] = []  # nvme: block buffers (1 + state rows) not in use
+        self._in_use = self.peak_buffers = 0  # nvme: block buffers in use now, at most
+        self._grad_buffer: torch.Tensor | None = None  # the fp32 copy of one gradient block
         self.coef = 1.0  # unscale x clip of the coming step (ZeroStrategy.prepare_step)
         self.slots = [[torch.nn.Parameter(torch.zeros(1, dtype=torch.float32, device=device)) for _ in range(2)]
                       for _ in groups]
@@ -129,36 +137,59 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             group_state[key] = self._resident(self.groups[gi].numel)
         return group_state[key]
 
-    def _read(self, gi: int, lo: int, hi: int) -> tuple[torch.Tensor, dict, list[Future]]:
-        """Master and state of a block: views when resident, buffers being filled with nvme."""
+    def _read(self, gi: int, lo: int, hi: int):
+        """(master, state, reads, buffer) of a block: views when resident; with nvme, views of
+        a block buffer being filled (the buffer goes back to `_free` once written)."""
         if self.folder is None:
             state = {k: self._state_tensor(gi, k)[lo:hi] for k in self.state_keys} if self.steps[gi] else {}
-            return self.masters[gi][lo:hi], state, []
-        master = torch.empty(hi - lo, dtype=torch.float32)
+            return self.masters[gi][lo:hi], state, [], None
+        rows = 1 + len(self.state_keys)
+        buffer = self._free.pop() if self._free else None
+        if buffer is None or buffer.shape[0] < rows:  # none yet, or made before the state was known
+            buffer = torch.empty(rows, max(self.blocks), dtype=torch.float32)
+        self._in_use += 1
+        self.peak_buffers = max(self.peak_buffers, self._in_use)
+        master = buffer[0, : hi - lo]
         futures = [self.pool.submit(self.master_files[gi].read_into, lo, master)]
         state = {}
         if self.steps[gi]:
-            for key in self.state_keys:
-                state[key] = torch.empty(hi - lo, dtype=torch.float32)
+            for row, key in enumerate(self.state_keys, 1):
+                state[key] = buffer[row, : hi - lo]
                 futures.append(self.pool.submit(self._state_tensor(gi, key).read_into, lo, state[key]))
-        return master, state, futures
+        return master, state, futures, buffer
+
+    def _grad(self, g: MasterGroup, lo: int, hi: int) -> torch.Tensor:
+        """The block's gradient in fp32 where the step runs: a view when it is so already,
+        else a copy into one reused buffer (a temporary for a whole group that a
+        non-elementwise optimizer steps at once: that would be a shard kept for good)."""
+        grad = g.grad[lo:hi]
+        if grad.dtype == torch.float32 and grad.device == self.device:
+            return grad
+        if max(self.blocks) > RESIDENT_BLOCK_NUMEL:
+            return grad.to(self.device, torch.float32)
+        if self._grad_buffer is None:
+            self._grad_buffer = torch.empty(max(self.blocks), dtype=torch.float32, device=self.device)
+        return self._grad_buffer[: hi - lo].copy_(grad)
 
     # ---- the step ----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
+        # nvme: one block stepped, one read ahead when two fit, the rest written behind
+        read_ahead = self.folder is None or self.buffer_count >= 2
+        most_writes = self.buffer_count - 1 - read_ahead
         for gi, g in enumerate(self.groups):
             ranges = self._ranges(gi)
-            writes: list[list[Future]] = []
+            writes: list[tuple[list[Future], torch.Tensor]] = []
             ahead = self._read(gi, *ranges[0])
             for b, (lo, hi) in enumerate(ranges):
-                master, state_in, reads = ahead
-                if b + 1 < len(ranges):
+                master, state_in, reads, buffer = ahead
+                if b + 1 < len(ranges) and read_ahead:
                     ahead = self._read(gi, *ranges[b + 1])
                 for f in reads:
                     f.result()
                 # fp32 on this device already: a view, scaled in place (the strategy clears it
-                # after the step anyway); otherwise a temporary fp32 copy of one block
-                grad = g.grad[lo:hi].to(self.device, torch.float32)
+                # after the step anyway); otherwise a copy of one block
+                grad = self._grad(g, lo, hi)
                 if self.coef != 1.0:
                     grad.mul_(self.coef)
                 slot = self.slots[gi][b % 2]
@@ -182,18 +213,24 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                         for key in self.state_keys:
                             self._state_tensor(gi, key)[lo:hi].copy_(state[key])
                 else:
-                    writes.append([self.pool.submit(self.master_files[gi].write_from, lo, master)]
-                                  + [self.pool.submit(self._state_tensor(gi, key).write_from, lo, state[key])
-                                     for key in self.state_keys])
-                    if len(writes) > 2:  # at most two blocks of writes in flight
-                        for f in writes.pop(0):
-                            f.result()
+                    writes.append(([self.pool.submit(self.master_files[gi].write_from, lo, master)]
+                                   + [self.pool.submit(self._state_tensor(gi, key).write_from, lo, state[key])
+                                      for key in self.state_keys], buffer))
+                    while len(writes) > most_writes:
+                        self._written(*writes.pop(0))
+                    if b + 1 < len(ranges) and not read_ahead:
+                        ahead = self._read(gi, *ranges[b + 1])
                 state.clear()
             for block_writes in writes:
-                for f in block_writes:
-                    f.result()
+                self._written(*block_writes)
             self.steps[gi] += 1
         self.coef = 1.0
+
+    def _written(self, futures: list[Future], buffer: torch.Tensor) -> None:
+        for f in futures:
+            f.result()
+        self._free.append(buffer)
+        self._in_use -= 1
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients belong to the strategy's shards; it clears them."""

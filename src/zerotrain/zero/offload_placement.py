@@ -32,6 +32,7 @@ class OptimizerOffload:
         self.nvme_path = getattr(config, "nvme_path", None)
         self.rank = rank
         self.block_numel = max(1, min(int(block_numel), BLOCK_NUMEL))
+        self.buffer_count = int(getattr(config, "buffer_count", 4))  # nvme blocks in host memory at once
         self.stepper: BlockwiseOptimizer | None = None
         self.pool: ThreadPoolExecutor | None = None
 
@@ -69,7 +70,7 @@ class OptimizerOffload:
             folder = rank_folder(self.nvme_path, self.rank)
         self.stepper = BlockwiseOptimizer(
             build, hyper, groups, device=self.master_device, pin=self.pin, folder=folder, pool=self.pool,
-            block_numel=self.block_numel if folder is not None else RESIDENT_BLOCK_NUMEL)
+            block_numel=self.block_numel if folder is not None else RESIDENT_BLOCK_NUMEL, buffer_count=self.buffer_count)
         return self.stepper
 
     def nvme_bytes(self) -> dict[str, int]:

@@ -1,12 +1,55 @@
 """Where a stage-3 rank keeps its parameter shard: on the compute device, on the host
 (offload_param cpu) or in an NVMe file (offload_param nvme). The gatherer only asks for
-element ranges, so it does not care which."""
+element ranges, so it does not care which; with nvme, what it has read and not yet sent is
+bounded by offload_param's I/O buffers (IOBuffers)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
+from ..errors import ConfigError
 from .nvme_swap import FileStore, copy_into
+
+_KEY = "zero_optimization.offload_param"
+
+
+class IOBuffers:
+    """offload_param's `buffer_count` buffers of at most `buffer_size` elements: the window of
+    parameter shards read from NVMe and not yet all-gathered. A read holds a buffer until the
+    collective that sends it has been waited for (`settle`); a read when all are held first
+    waits for the oldest. Each buffer is allocated at the size of its read and freed after
+    it (host_memory.py returns it to the system), so resident memory is at most
+    buffer_count x buffer_size elements and usually far less."""
+
+    def __init__(self, count: int, size: int):
+        self.count, self.size = count, size
+        self.held: deque = deque()  # (tensor, work) in the order read
+        self.peak_held = 0
+
+    def check(self, chunks) -> None:
+        """`chunks`: (name, full numel, elements per rank) of each parameter in NVMe: each must
+        fit in one buffer (one clear line for the largest that does not)."""
+        name, numel, chunk = max(chunks, key=lambda c: c[2], default=("", 0, 0))
+        if chunk > self.size:
+            raise ConfigError(f"{_KEY}.buffer_size is {self.size:,} elements, but parameter {name!r} "
+                              f"({numel:,} elements) needs {chunk:,} per rank in one buffer; raise {_KEY}.buffer_size "
+                              f"to at least {chunk:,}")
+
+    def send(self, read, launch):
+        """`launch(read())` -> its async work, once a buffer is free for the read."""
+        if len(self.held) >= self.count:
+            self.held.popleft()[1].wait()  # the oldest read has been sent: its buffer is free
+        tensor = read()
+        work = launch(tensor)
+        self.held.append((tensor, work))
+        self.peak_held = max(self.peak_held, len(self.held))
+        return work
+
+    def settle(self, work) -> None:
+        """`work` has been waited for: the buffer it was sending is free."""
+        self.held = deque(entry for entry in self.held if entry[1] is not work)
 
 
 class ParamStore:
@@ -14,8 +57,9 @@ class ParamStore:
     ShardedGroup.fill), so building it never holds more than one parameter's chunk twice."""
 
     def __init__(self, numel: int, dtype: torch.dtype, kind: str, compute_device, folder=None,
-                 name: str = "params", pin: bool = False):
+                 name: str = "params", pin: bool = False, io: IOBuffers | None = None):
         self.kind = kind
+        self.io = io if kind == "nvme" else None
         self.dtype = dtype
         self.numel = numel
         self.compute_device = torch.device(compute_device)
@@ -37,6 +81,22 @@ class ParamStore:
         out = torch.empty(hi - lo, dtype=self.dtype)
         self.file.read_into(lo, out)
         return out.to(self.compute_device)
+
+    def send(self, lo: int, hi: int, launch):
+        """`launch(elements [lo, hi) on the compute device)` -> its async work; from NVMe the
+        read waits for one of the I/O buffers, which `settle(work)` frees."""
+        if self.io is None:
+            return launch(self.read(lo, hi))
+        return self.io.send(lambda: self.read(lo, hi), launch)
+
+    def settle(self, work) -> None:
+        if self.io is not None:
+            self.io.settle(work)
+
+    @property
+    def max_read(self) -> int | None:
+        """The most elements one read may ask for (a buffer), None when unbounded."""
+        return self.io.size if self.io is not None else None
 
     def write(self, lo: int, src: torch.Tensor) -> None:
         if self.file is None:

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..comm import Comm, init_parallel
 from ..errors import ConfigError
+from .host_memory import return_large_blocks
 from .layout import cut, glue
 from .partitioned_param import PartitionedParameter, make_partitioned
 
@@ -88,6 +89,7 @@ class Init:
 
     def _start(self) -> None:
         self.comm = Comm(init_parallel())
+        return_large_blocks()  # the chunks and the step's temporaries: host_memory.py
         if self._notice and self.comm.rank == 0:
             log.warning(self._notice)  # before initialize has set up zerotrain's log: a warning shows
             self._notice = None

@@ -23,8 +23,8 @@ from .gathered_parameters import GatheredParameters, register_owner
 from .layout import cut
 from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
-from .param_shard_store import ParamStore
-from .host_memory import release_freed_memory
+from .param_shard_store import IOBuffers, ParamStore
+from .host_memory import release_freed_memory, return_large_blocks
 from .stage3_gather import Gatherer, ShardedGroup
 from .stage3_schedule import GatherSchedule
 from .strategy import ZeroStrategy
@@ -38,6 +38,7 @@ class ShardedParameters(ZeroStrategy):
                  reuse_numel: int | None = None, max_live_numel: int = 1_000_000_000, offload_param=None,
                  **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
+        return_large_blocks()  # freed step temporaries go back to the system (host_memory.py)
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
         self.separate_masters = self.separate_masters or param_kind == "nvme"
         ws, rank = comm.world_size, comm.rank
@@ -56,11 +57,17 @@ class ShardedParameters(ZeroStrategy):
         self.offload.check_space(trained_numel if self.separate_masters else 0, self.optimizer_state_bytes,
                                  also=(offload_param.nvme_path if param_kind == "nvme" else None, param_bytes))
         self._space_checked = True
+        io = None
+        if param_kind == "nvme":  # every parameter's chunk must fit in one I/O buffer
+            io = IOBuffers(int(offload_param.buffer_count), int(offload_param.buffer_size))
+            names = {id(q): name for name, q in module.named_parameters(remove_duplicate=False)}
+            io.check((names.get(id(p), "?"), n, c) for fg in self.groups
+                     for p, n, c in zip(fg.params, fg.full_numels, fg.numels))
         folder = rank_folder(offload_param.nvme_path, rank) if param_kind == "nvme" else None
         pin = bool(getattr(offload_param, "pin_memory", False) and torch.cuda.is_available())
         self.stores = []
         for gi, fg in enumerate(self.groups):
-            store = ParamStore(fg.shard_numel, compute_dtype, param_kind, device, folder, f"params.group{gi}", pin)
+            store = ParamStore(fg.shard_numel, compute_dtype, param_kind, device, folder, f"params.group{gi}", pin, io)
             fg.fill(store.write, rank, compute_dtype)
             self.stores.append(store)
         release_freed_memory()  # the chunks just moved out, before the gradient shards come in

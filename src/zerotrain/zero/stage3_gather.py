@@ -41,12 +41,13 @@ class ShardedGroup(GroupLayout):
                 write(o, cut(p.detach().reshape(-1), self.world_size)[rank].to(dtype))
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def runs(self, indices: list[int]) -> list[tuple[int, int, list[int]]]:
-        """Split the given params into contiguous shard ranges: [(lo, hi, indices)]."""
+    def runs(self, indices: list[int], most: int | None = None) -> list[tuple[int, int, list[int]]]:
+        """Split the given params into contiguous shard ranges: [(lo, hi, indices)], each of at
+        most `most` elements when given (one parameter's chunk may still exceed it)."""
         out = []
         for i in sorted(indices, key=lambda i: self.offsets[i]):
             lo, hi = self.offsets[i], self.offsets[i] + self.numels[i]
-            if out and out[-1][1] == lo:
+            if out and out[-1][1] == lo and (most is None or hi - out[-1][0] <= most):
                 out[-1] = (out[-1][0], hi, out[-1][2] + [i])
             else:
                 out.append((lo, hi, [i]))
@@ -112,14 +113,14 @@ class Gatherer:
             # copy allocated between the activations
             small = [i for i in todo if id(group.params[i]) in self.persistent]
             large = [i for i in todo if id(group.params[i]) not in self.persistent]
-            for lo, hi, run in group.runs(large) + group.runs(small):
+            for lo, hi, run in group.runs(large, store.max_read) + group.runs(small, store.max_read):
                 if len(run) == 1:  # the parameter's own buffer is the gathered layout: no copy-out
                     slot = self.slot_of[id(group.params[run[0]])]
                     self.memory.acquire(slot)
                     gathered = self.memory.buffers[slot]
                 else:
                     gathered = torch.empty(ws * (hi - lo), dtype=self.dtype, device=self.device)
-                work = self.comm.all_gather(gathered, store.read(lo, hi), async_op=True)
+                work = store.send(lo, hi, lambda shard, out=gathered: self.comm.all_gather(out, shard, async_op=True))
                 pending.runs.append((gi, run, gathered, work))
                 for i in run:
                     self.in_flight[id(group.params[i])] = pending
@@ -131,6 +132,7 @@ class Gatherer:
         ws = self.comm.world_size
         for gi, run, gathered, work in pending.runs:
             work.wait()
+            self.stores[gi].settle(work)
             group = self.groups[gi]
             sizes = [group.numels[i] for i in run]
             slots = [self.slot_of[id(group.params[i])] for i in run]
