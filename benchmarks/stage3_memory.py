@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--layers", default="2,6", help="two layer counts, comma-separated")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--nvme-path", default=None)
+    ap.add_argument("--mmap-threshold", default=None, help="MALLOC_MMAP_THRESHOLD_ for the ranks, e.g. 4194304 (what "
+                    "zerotrain sets itself when offloading); default: glibc's dynamic threshold without offload")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -97,7 +99,10 @@ def main() -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, "--worker",
                str(layers), "--out", str(out), "--embd", str(args.embd), "--steps", str(args.steps)]
         cmd += ["--nvme-path", args.nvme_path] if args.nvme_path else []
-        subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if args.mmap_threshold:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
+        subprocess.run(cmd, check=True, env=env)
         job = json.loads(out.read_text())
         out.unlink()
         peak = max(max(r["phases"].values()) for r in job["ranks"])

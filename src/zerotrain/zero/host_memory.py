@@ -7,8 +7,9 @@ Two habits of glibc cost a training process memory that it no longer uses:
   layer's gradient before it is cut into its bucket, the buckets) are then carved from the
   heap between longer-lived tensors, and their pages stay with the process once freed: the
   peak RSS of a bf16 GPT at 2 ranks grew ~10 bytes per parameter per rank, against the
-  ZeRO paper's 8, and step over step. `return_large_blocks` (stage 3 and zero.Init call it)
-  fixes the threshold at LARGE_BLOCK, so every block that large is mapped on its own and
+  ZeRO paper's 8, and step over step. `return_large_blocks` (called where host memory is the
+  ceiling: stage 3 with parameters or optimizer states offloaded, zero.Init with a
+  remote_device) fixes the threshold at LARGE_BLOCK, so every block that large is mapped on its own and
   unmapped when freed: 8.4 bytes, no growth. The price is page faults: such blocks are
   zero-filled anew each time (~+0.5 s of system time a step for 59M parameters at 64 tokens
   a rank). The user's MALLOC_MMAP_THRESHOLD_ wins.

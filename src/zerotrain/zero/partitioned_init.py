@@ -70,6 +70,7 @@ class Init:
                                   "across every rank of the world, at full precision of `dtype`)")
         if remote_device not in (None, "none", "cpu", "nvme"):
             raise ConfigError(f"zerotrain.zero.Init(remote_device={remote_device!r}): use 'cpu', 'nvme' or None")
+        self._offloaded = remote_device in ("cpu", "nvme")  # host memory is the ceiling of this run
         defaults = {"mem_efficient_linear": True, "pin_memory": False, "remote_device": None}
         named = [n for n, v in defaults.items() if given[n] != v and not (n == "remote_device" and given[n] == "none")]
         self._notice = ("zerotrain.zero.Init: no effect here: " + "; ".join(f"{n} ({_NO_EFFECT[n]})" for n in named)
@@ -89,7 +90,8 @@ class Init:
 
     def _start(self) -> None:
         self.comm = Comm(init_parallel())
-        return_large_blocks()  # the chunks and the step's temporaries: host_memory.py
+        if self._offloaded:
+            return_large_blocks()  # the chunks and the step's temporaries: host_memory.py
         if self._notice and self.comm.rank == 0:
             log.warning(self._notice)  # before initialize has set up zerotrain's log: a warning shows
             self._notice = None

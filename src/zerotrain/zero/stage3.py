@@ -38,8 +38,9 @@ class ShardedParameters(ZeroStrategy):
                  reuse_numel: int | None = None, max_live_numel: int = 1_000_000_000, offload_param=None,
                  **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
-        return_large_blocks()  # freed step temporaries go back to the system (host_memory.py)
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
+        if param_kind != "none" or self.offload.enabled:
+            return_large_blocks()  # host memory is the ceiling: freed temporaries go back (host_memory.py)
         self.separate_masters = self.separate_masters or param_kind == "nvme"
         ws, rank = comm.world_size, comm.rank
         trainable = {id(p) for ps in self.ordered for p in ps}

@@ -3,6 +3,7 @@ them, and what `zerotrain config` prints."""
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 
@@ -190,3 +191,11 @@ def test_sources_word_for_word():
     assert notice(cfg) == ("config keys accepted with no effect in zerotrain (`zerotrain config FILE` says why): "
                            "_c, tensorboard, sparse_attention")
     assert notice(load_config({"train_batch_size": 8})) is None
+
+
+def test_readme_counts_each_class():
+    counts = collections.Counter(cls for _, cls, _ in key_table())
+    text = README.read_text(encoding="utf-8")
+    assert f"{sum(counts.values())} keys in all" in text
+    for cls, n in counts.items():
+        assert f"- **{cls}** ({n})" in text, f"README should say {cls} ({n})"
