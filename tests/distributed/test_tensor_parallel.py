@@ -3,8 +3,11 @@ process training the same model on the same global batch.
 
 2 ranks are tensor 2; 4 ranks are data 2 x tensor 2 (ranks 0, 1 a tensor pair on data index
 0). Every run has a sequence-length curriculum (a new length every step, then the top), fp32,
-clipping at 1.0 (active: the norms start above 2). Per-step losses (averaged over the data
-ranks), global gradient norms and the gathered weights must equal the one-process run's.
+clipping at 1.0 (active: the norms start above 2). The embedding and head are split by the
+vocabulary (the loss on sharded logits). Per-step losses (averaged over the data ranks) and
+global gradient norms must equal the one-process run's within 1e-5, the gathered weights
+within 1e-4 (AdamW turns rounding in a near-zero gradient into a full step for that element:
+one in a few thousand lands 1.5e-5 off after 10 steps).
 The GPT has no biases here: AdamW turns the attention key bias's gradient, which is zero but
 for rounding, into full-size updates, so that weight is noise on any two runs.
 """
@@ -26,7 +29,7 @@ def _close(got: dict, want: dict, rtol: float) -> None:
         assert torch.allclose(got[k], v, rtol=rtol, atol=rtol * v.abs().max().item()), k
 
 
-def _check(runs: list[dict], reference: dict, params_rtol: float = 1e-5) -> None:
+def _check(runs: list[dict], reference: dict, params_rtol: float = 1e-4) -> None:
     data_world = runs[0]["data_world"]
     losses = [sum(r["losses"][s] for r in runs) / len(runs) for s in range(STEPS)]  # every rank counts once per data index
     assert losses == pytest.approx(reference["losses"], rel=1e-5)
@@ -57,7 +60,7 @@ def two_rank_cases(tmp: str) -> dict:
         consolidate_checkpoint(f"{tmp}/ckpt")
     except CheckpointError as e:
         errors["consolidate"] = str(e)
-    for case in ("heads", "no_plan", "stage3"):
+    for case in ("heads", "no_plan", "stage3", "vocab"):
         try:
             ts.bad_input(case)
         except ConfigError as e:
@@ -69,9 +72,12 @@ def two_rank_cases(tmp: str) -> dict:
 def test_tensor_parallel_matches_one_process(world2, tmp_path):
     ranks = world2.run(two_rank_cases, str(tmp_path), timeout=400)
     _check([r["gpt"] for r in ranks], ts.train(ts.config(GLOBAL, MICRO, 0), STEPS))
-    # LLaMA's weights drift by AdamW's rounding noise a little more (its norms are learned from 1)
-    _check([r["llama"] for r in ranks], ts.train(ts.config(GLOBAL, MICRO, 1), STEPS, model="llama"), 1e-4)
+    _check([r["llama"] for r in ranks], ts.train(ts.config(GLOBAL, MICRO, 1), STEPS, model="llama"))
     for r in ranks:
+        # the vocabulary split: half the embedding rows, head rows and logits each (GPT's tie kept)
+        half = {"embedding_rows": ts.VOCAB // 2, "head_rows": ts.VOCAB // 2, "logits": ts.VOCAB // 2}
+        assert r["gpt"]["vocab"] == half | {"tied": True}
+        assert r["llama"]["vocab"] == half | {"tied": False}
         assert r["gpt"]["seqlen"] == ts.SEQ
         assert r["resumed"]["losses"] == r["straight"]["losses"][3:]  # resume is bit-identical
         assert all(torch.equal(v, r["straight"]["params"][k]) for k, v in r["resumed"]["params"].items())
@@ -82,6 +88,8 @@ def test_tensor_parallel_matches_one_process(world2, tmp_path):
     assert "the model has 3 attention heads, not divisible by 2" in errors["heads"]
     assert "Sequential has no tensor-parallel plan" in errors["no_plan"]
     assert "zero_optimization.stage 3 with tensor_parallel: use stage 0, 1 or 2" in errors["stage3"]
+    assert ("vocab_parallel_lm_head true: the vocabulary of 63 tokens does not divide by 2; set it to false"
+            in errors["vocab"])
     assert "a tensor-parallel checkpoint (tp_00-model_states.pt, ...)" in errors["consolidate"]
     assert all("\n" not in e for e in errors.values())
 

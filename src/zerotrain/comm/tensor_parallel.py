@@ -8,6 +8,14 @@ stacks several projections (zerotrain's attention `qkv` = [q; k; v]): each part 
 colwise, so tensor rank r holds [q_r; k_r; v_r] and its heads stay whole. Its DTensor's
 global view is that rank-major order; `full` puts the parts back in the model's order.
 
+The vocabulary split is torch's too: `vocab_embedding` (RowwiseParallel over the embedding's
+rows, the token ids replicated: each rank looks up the ids in its range, one all-reduce sums
+them) and `vocab_head` (ColwiseParallel whose logits stay a DTensor sharded over the
+vocabulary); `loss_parallel` is torch's context in which cross-entropy on such logits
+all-reduces only per-token maxima and sums, never the logits themselves. Weights tied across
+split layers (GPT's embedding and head: both shard the [vocab, width] matrix by rows) are tied
+again after the split.
+
 The rest of zerotrain sees DTensor parameters only through this module: `is_sharded`,
 `local` (the plain tensor a rank holds, which ZeRO lays into its flat buffers), `rebind`
 (make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`,
@@ -19,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 FUSED = "fused_parts"  # attribute of a fused_colwise parameter: how many projections it stacks
 
@@ -48,13 +56,51 @@ def _style(name: str):
         return RowwiseParallel()
     if name.startswith("fused_colwise:"):
         return FusedColwise(int(name.split(":", 1)[1]))
+    if name == "vocab_embedding":
+        return RowwiseParallel(input_layouts=Replicate())
+    if name == "vocab_head":
+        return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     raise ValueError(f"unknown tensor-parallel style {name!r}")
 
 
 def parallelize(module: nn.Module, device_mesh, plan: dict[str, str]) -> None:
     """Split the submodules named in `plan` ({module path: "colwise" | "rowwise" |
-    "fused_colwise:<parts>"}) over `device_mesh` (one dimension)."""
+    "fused_colwise:<parts>" | "vocab_embedding" | "vocab_head"}) over `device_mesh` (one
+    dimension). parallelize_module gives each layer its own new parameter: a tie is remade."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for name, p in sub.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(id(p), []).append((sub, name))
     parallelize_module(module, device_mesh, {path: _style(style) for path, style in plan.items()})
+    for (sub, name), *others in (o for o in owners.values() if len(o) > 1):
+        kept = getattr(sub, name)
+        for other, other_name in others:
+            if isinstance(getattr(other, other_name), DTensor) != isinstance(kept, DTensor):
+                raise ValueError(f"a weight tied between {type(sub).__name__} and {type(other).__name__} is split "
+                                 "in one of them only")
+            setattr(other, other_name, kept)
+
+
+def loss_context():
+    """torch's loss_parallel: cross-entropy (forward and backward) over logits sharded by the
+    vocabulary without gathering them."""
+    return loss_parallel()
+
+
+def replicated_local(out):
+    """`out` (a tensor, a tuple, or a dict-like HF output) with each replicated DTensor (the
+    loss loss_parallel returns) as the plain tensor every rank holds; autograd passes through.
+    Sharded DTensors (the vocabulary-split logits) stay as they are."""
+    if isinstance(out, DTensor):
+        return out.to_local() if not is_sharded(out) else out
+    if isinstance(out, dict):
+        for k, v in list(out.items()):
+            if isinstance(v, DTensor) and not is_sharded(v):
+                out[k] = v.to_local()
+        return out
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return type(out)(replicated_local(v) for v in out)
+    return out
 
 
 def is_sharded(t: torch.Tensor) -> bool:
