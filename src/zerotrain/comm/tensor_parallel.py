@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 FUSED = "fused_parts"  # attribute of a fused_colwise parameter: how many projections it stacks
 
@@ -49,6 +50,27 @@ class FusedColwise(ColwiseParallel):
             module.register_parameter(pname, dist_param)
 
 
+class SharedInput(ParallelStyle):
+    """A module whose colwise projections read one input (attention's q, k, v; the MLP's gate
+    and up): that input (its first argument, or hidden_states=) becomes a replicated DTensor
+    once, at the module, so the projections' input gradients add up as one partial sum and
+    are all-reduced once, not once per projection (ColwiseParallel alone converts, and so
+    reduces, at each)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def share(_, args, kwargs):
+            if args and isinstance(args[0], torch.Tensor) and not isinstance(args[0], DTensor):
+                args = (DTensor.from_local(args[0], device_mesh, [Replicate()], run_check=False), *args[1:])
+            elif isinstance(kwargs.get("hidden_states"), torch.Tensor) and not isinstance(kwargs["hidden_states"],
+                                                                                           DTensor):
+                kwargs["hidden_states"] = DTensor.from_local(kwargs["hidden_states"], device_mesh, [Replicate()],
+                                                             run_check=False)
+            return args, kwargs
+
+        module.register_forward_pre_hook(share, with_kwargs=True)
+        return module
+
+
 def _style(name: str):
     if name == "colwise":
         return ColwiseParallel()
@@ -56,6 +78,8 @@ def _style(name: str):
         return RowwiseParallel()
     if name.startswith("fused_colwise:"):
         return FusedColwise(int(name.split(":", 1)[1]))
+    if name == "shared_input":
+        return SharedInput()
     if name == "vocab_embedding":
         return RowwiseParallel(input_layouts=Replicate())
     if name == "vocab_head":
@@ -65,7 +89,7 @@ def _style(name: str):
 
 def parallelize(module: nn.Module, device_mesh, plan: dict[str, str]) -> None:
     """Split the submodules named in `plan` ({module path: "colwise" | "rowwise" |
-    "fused_colwise:<parts>" | "vocab_embedding" | "vocab_head"}) over `device_mesh` (one
+    "fused_colwise:<parts>" | "vocab_embedding" | "vocab_head" | "shared_input"}) over `device_mesh` (one
     dimension). parallelize_module gives each layer its own new parameter: a tie is remade."""
     owners: dict[int, list[tuple[nn.Module, str]]] = {}
     for path, sub in module.named_modules(remove_duplicate=False):
@@ -127,7 +151,9 @@ def like(p: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     autograd accumulates into the view in place."""
     if not isinstance(p, DTensor):
         return view
-    return DTensor.from_local(view, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+    grad = DTensor.from_local(view, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+    grad._local_tensor = view  # from_local holds a view of it: the flat buffer's own view, so `is` finds it next time
+    return grad
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

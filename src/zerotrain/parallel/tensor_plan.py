@@ -2,7 +2,8 @@
 
     zerotrain GPT / BERT   every PreLNBlock: models/block.py's TP_PLAN
     HF models              the config's `base_model_tp_plan` ("layers.*.self_attn.q_proj":
-                           "colwise", ...), under the model's base_model_prefix
+                           "colwise", ...), under the model's base_model_prefix; a module
+                           with several colwise projections (q, k, v) gets "shared_input"
 
     the vocabulary      zerotrain's GPT (wte, lm_head) and an HF causal LM (its input and
                         output embeddings): the embedding's rows and the head's outputs
@@ -72,7 +73,9 @@ def _hf_rules(model: nn.Module, config, rules: dict, size: int, root: str) -> di
                                       f"as {style!r}, which zerotrain does not build (it splits {' and '.join(_STYLES)}"
                                       "); train this model without tensor_parallel")
                 plan[path] = style
-    return plan
+    parents = [path.rpartition(".")[0] for path, style in plan.items() if style == "colwise"]
+    # attention's q, k, v and the MLP's gate, up read one input: converted once at their module
+    return plan | {parent: "shared_input" for parent in set(parents) if parents.count(parent) > 1}
 
 
 def _vocab_layers(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
@@ -123,6 +126,8 @@ def tensor_plan(model: nn.Module, size: int, vocab: bool | None = False) -> tupl
     modules = dict(model.named_modules())
     for path, style in plan.items():
         layer = modules[path]
+        if style == "shared_input":
+            continue
         if not isinstance(layer, nn.Linear):
             raise ConfigError(f"tensor_parallel: {path} is a {type(layer).__name__}, not a Linear; zerotrain splits "
                               "Linear layers only: train this model without tensor_parallel")
