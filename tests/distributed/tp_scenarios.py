@@ -107,6 +107,12 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
         logits = local(lm(mine[:1]) if model == "gpt" else lm(input_ids=mine[:1]).logits)
     vocab = {"embedding_rows": local(embedding.weight).shape[0], "head_rows": local(head.weight).shape[0],
              "logits": logits.shape[-1], "tied": embedding.weight is head.weight}
+    if model == "gpt":  # in eval mode the engine gives the logits whole (what an evaluation reads)
+        engine.eval()
+        with torch.no_grad():
+            evaluated = engine(mine[:1])
+        vocab["eval_logits"] = (type(evaluated).__name__, evaluated.shape[-1])
+        engine.train()
     return {"losses": losses, "norms": norms, "tokens": tokens, "skipped": skipped, "params": whole, "vocab": vocab,
             "seqlen": engine.feature_value("curriculum_seqlen"), "data": data.rank, "data_world": data.world_size}
 

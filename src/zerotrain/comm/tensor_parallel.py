@@ -111,17 +111,23 @@ def loss_context():
     return loss_parallel()
 
 
-def replicated_local(out):
+def replicated_local(out, gather: bool = False):
     """`out` (a tensor, a tuple, or a dict-like HF output) with each replicated DTensor (the
     loss loss_parallel returns) as the plain tensor every rank holds; autograd passes through.
-    Sharded DTensors (the vocabulary-split logits) stay as they are."""
-    if isinstance(out, DTensor):
-        return out.to_local() if not is_sharded(out) else out
+    Sharded DTensors (the vocabulary-split logits) stay as they are, or with `gather` are
+    gathered whole (an evaluation reads them)."""
+    def plain(v):
+        if not isinstance(v, DTensor):
+            return v
+        return v.full_tensor() if gather and is_sharded(v) else v if is_sharded(v) else v.to_local()
+
     if isinstance(out, dict):
         for k, v in list(out.items()):
-            if isinstance(v, DTensor) and not is_sharded(v):
-                out[k] = v.to_local()
+            out[k] = plain(v)
         return out
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return type(out)(plain(v) for v in out)
+    return plain(out)
     if isinstance(out, tuple) and not hasattr(out, "_fields"):
         return type(out)(replicated_local(v) for v in out)
     return out

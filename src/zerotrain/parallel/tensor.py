@@ -13,7 +13,8 @@ refused, as DeepSpeed's AutoTP does.
 With the vocabulary split (tensor_plan.py) the engine is `LossParallelEngine`: forward and
 backward run under torch's loss_parallel, so the model's own cross-entropy (GPT's, HF's
 loss_function) works on logits sharded by the vocabulary, and the loss comes back a plain
-tensor (the logits of a forward without labels come back a DTensor: `.full_tensor()`).
+tensor. Logits stay a DTensor sharded by the vocabulary in training (`.full_tensor()`
+gathers them) and come back whole in eval mode (an evaluation reads them).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class LossParallelEngine(TrainingEngine):
 
     def forward(self, *args, **kwargs):
         with tp.loss_context():
-            return tp.replicated_local(super().forward(*args, **kwargs))
+            return tp.replicated_local(super().forward(*args, **kwargs), gather=not self.module.training)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         with tp.loss_context():
