@@ -195,12 +195,14 @@ def main() -> int:
     parser.add_argument("--kv_heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--skip-deepspeed", action="store_true")
+    parser.add_argument("--ds-venv", default=str(cz.DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
+    cz.DS_VENV = Path(args.ds_venv)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.steps = args.steps or (3 if args.quick else 6)
     t0 = time.perf_counter()

@@ -99,7 +99,21 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
     whole = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}
-    return {"losses": losses, "norms": norms, "tokens": tokens, "skipped": skipped, "params": whole,
+    from zerotrain.comm.tensor_parallel import local
+
+    lm = net if model == "gpt" else net.model
+    embedding, head = lm.get_input_embeddings() if model != "gpt" else lm.wte, lm.lm_head
+    with torch.no_grad():  # the logits a rank holds: its share of the vocabulary
+        logits = local(lm(mine[:1]) if model == "gpt" else lm(input_ids=mine[:1]).logits)
+    vocab = {"embedding_rows": local(embedding.weight).shape[0], "head_rows": local(head.weight).shape[0],
+             "logits": logits.shape[-1], "tied": embedding.weight is head.weight}
+    if model == "gpt":  # in eval mode the engine gives the logits whole (what an evaluation reads)
+        engine.eval()
+        with torch.no_grad():
+            evaluated = engine(mine[:1])
+        vocab["eval_logits"] = (type(evaluated).__name__, evaluated.shape[-1])
+        engine.train()
+    return {"losses": losses, "norms": norms, "tokens": tokens, "skipped": skipped, "params": whole, "vocab": vocab,
             "seqlen": engine.feature_value("curriculum_seqlen"), "data": data.rank, "data_world": data.world_size}
 
 
@@ -115,3 +129,7 @@ def bad_input(case: str) -> None:
         zerotrain.initialize(model=net, config=config(8, 2, 0, tensor=2, curriculum=False))
     elif case == "stage3":
         zerotrain.initialize(model=gpt(), config=config(8, 2, 3, tensor=2))
+    elif case == "vocab":  # 63 tokens do not split in two
+        net = GPT(GPTConfig(vocab_size=VOCAB - 1, n_positions=SEQ, n_embd=32, n_layer=1, n_head=4))
+        zerotrain.initialize(model=net, config=config(8, 2, 0, tensor=2, curriculum=False,
+                                                      tensor_parallel={"autotp_size": 2, "vocab_parallel_lm_head": True}))

@@ -45,6 +45,8 @@ def test_trainer_splits_an_hf_llama_across_tensor_ranks(tmp_path):
     ckpt = run / "checkpoint-4"
     pieces = [torch.load(ckpt / f"tp_0{t}-model_states.pt", weights_only=True)["module"] for t in (0, 1)]
     assert pieces[0]["model.layers.0.self_attn.q_proj.weight"].shape == (32, 64)  # half the heads each
+    # the tokenizer's 259 tokens do not split in two: the embedding and head stay whole (a notice says so)
+    assert pieces[0]["lm_head.weight"].shape == pieces[0]["model.embed_tokens.weight"].shape == (259, 64)
     trained = LlamaForCausalLM(LlamaConfig.from_pretrained(str(run)))  # the vocabulary fit to the tokenizer
     trained.load_state_dict(_whole(pieces))
     saved = AutoModelForCausalLM.from_pretrained(str(run))  # plain transformers, one process

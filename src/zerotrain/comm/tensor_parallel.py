@@ -8,6 +8,14 @@ stacks several projections (zerotrain's attention `qkv` = [q; k; v]): each part 
 colwise, so tensor rank r holds [q_r; k_r; v_r] and its heads stay whole. Its DTensor's
 global view is that rank-major order; `full` puts the parts back in the model's order.
 
+The vocabulary split is torch's too: `vocab_embedding` (RowwiseParallel over the embedding's
+rows, the token ids replicated: each rank looks up the ids in its range, one all-reduce sums
+them) and `vocab_head` (ColwiseParallel whose logits stay a DTensor sharded over the
+vocabulary); `loss_parallel` is torch's context in which cross-entropy on such logits
+all-reduces only per-token maxima and sums, never the logits themselves. Weights tied across
+split layers (GPT's embedding and head: both shard the [vocab, width] matrix by rows) are tied
+again after the split.
+
 The rest of zerotrain sees DTensor parameters only through this module: `is_sharded`,
 `local` (the plain tensor a rank holds, which ZeRO lays into its flat buffers), `rebind`
 (make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`,
@@ -19,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 FUSED = "fused_parts"  # attribute of a fused_colwise parameter: how many projections it stacks
 
@@ -41,6 +50,27 @@ class FusedColwise(ColwiseParallel):
             module.register_parameter(pname, dist_param)
 
 
+class SharedInput(ParallelStyle):
+    """A module whose colwise projections read one input (attention's q, k, v; the MLP's gate
+    and up): that input (its first argument, or hidden_states=) becomes a replicated DTensor
+    once, at the module, so the projections' input gradients add up as one partial sum and
+    are all-reduced once, not once per projection (ColwiseParallel alone converts, and so
+    reduces, at each)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def share(_, args, kwargs):
+            if args and isinstance(args[0], torch.Tensor) and not isinstance(args[0], DTensor):
+                args = (DTensor.from_local(args[0], device_mesh, [Replicate()], run_check=False), *args[1:])
+            elif isinstance(kwargs.get("hidden_states"), torch.Tensor) and not isinstance(kwargs["hidden_states"],
+                                                                                           DTensor):
+                kwargs["hidden_states"] = DTensor.from_local(kwargs["hidden_states"], device_mesh, [Replicate()],
+                                                             run_check=False)
+            return args, kwargs
+
+        module.register_forward_pre_hook(share, with_kwargs=True)
+        return module
+
+
 def _style(name: str):
     if name == "colwise":
         return ColwiseParallel()
@@ -48,13 +78,59 @@ def _style(name: str):
         return RowwiseParallel()
     if name.startswith("fused_colwise:"):
         return FusedColwise(int(name.split(":", 1)[1]))
+    if name == "shared_input":
+        return SharedInput()
+    if name == "vocab_embedding":
+        return RowwiseParallel(input_layouts=Replicate())
+    if name == "vocab_head":
+        return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     raise ValueError(f"unknown tensor-parallel style {name!r}")
 
 
 def parallelize(module: nn.Module, device_mesh, plan: dict[str, str]) -> None:
     """Split the submodules named in `plan` ({module path: "colwise" | "rowwise" |
-    "fused_colwise:<parts>"}) over `device_mesh` (one dimension)."""
+    "fused_colwise:<parts>" | "vocab_embedding" | "vocab_head" | "shared_input"}) over `device_mesh` (one
+    dimension). parallelize_module gives each layer its own new parameter: a tie is remade."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for name, p in sub.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(id(p), []).append((sub, name))
     parallelize_module(module, device_mesh, {path: _style(style) for path, style in plan.items()})
+    for (sub, name), *others in (o for o in owners.values() if len(o) > 1):
+        kept = getattr(sub, name)
+        for other, other_name in others:
+            if isinstance(getattr(other, other_name), DTensor) != isinstance(kept, DTensor):
+                raise ValueError(f"a weight tied between {type(sub).__name__} and {type(other).__name__} is split "
+                                 "in one of them only")
+            setattr(other, other_name, kept)
+
+
+def loss_context():
+    """torch's loss_parallel: cross-entropy (forward and backward) over logits sharded by the
+    vocabulary without gathering them."""
+    return loss_parallel()
+
+
+def replicated_local(out, gather: bool = False):
+    """`out` (a tensor, a tuple, or a dict-like HF output) with each replicated DTensor (the
+    loss loss_parallel returns) as the plain tensor every rank holds; autograd passes through.
+    Sharded DTensors (the vocabulary-split logits) stay as they are, or with `gather` are
+    gathered whole (an evaluation reads them)."""
+    def plain(v):
+        if not isinstance(v, DTensor):
+            return v
+        return v.full_tensor() if gather and is_sharded(v) else v if is_sharded(v) else v.to_local()
+
+    if isinstance(out, dict):
+        for k, v in list(out.items()):
+            out[k] = plain(v)
+        return out
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return type(out)(plain(v) for v in out)
+    return plain(out)
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return type(out)(replicated_local(v) for v in out)
+    return out
 
 
 def is_sharded(t: torch.Tensor) -> bool:
@@ -81,7 +157,9 @@ def like(p: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     autograd accumulates into the view in place."""
     if not isinstance(p, DTensor):
         return view
-    return DTensor.from_local(view, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+    grad = DTensor.from_local(view, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+    grad._local_tensor = view  # from_local holds a view of it: the flat buffer's own view, so `is` finds it next time
+    return grad
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,18 @@
 
     zerotrain GPT / BERT   every PreLNBlock: models/block.py's TP_PLAN
     HF models              the config's `base_model_tp_plan` ("layers.*.self_attn.q_proj":
-                           "colwise", ...), under the model's base_model_prefix
+                           "colwise", ...), under the model's base_model_prefix; a module
+                           with several colwise projections (q, k, v) gets "shared_input"
 
-The embedding and the head stay whole on every tensor rank (the logits are computed where
-the loss is, never gathered). Checked before anything is split: the heads (and key/value
-heads) and every split width must divide by the tensor size, and a model with no plan, or
-with a style zerotrain does not split, is one line naming what to change.
+    the vocabulary      zerotrain's GPT (wte, lm_head) and an HF causal LM (its input and
+                        output embeddings): the embedding's rows and the head's outputs
+                        split by token id, the logits left sharded for loss_parallel
+
+The vocabulary split is `vocab` (tensor_parallel.vocab_parallel_lm_head): None splits it
+where the vocabulary divides by the tensor size (else both stay whole, said in a notice),
+True requires it, False keeps both whole. Checked before anything is split: the heads (and
+key/value heads) and every split width must divide by the tensor size, and a model with no
+plan, or with a style zerotrain does not split, is one line naming what to change.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.block import TP_PLAN, PreLNBlock
+from ..models.gpt import GPT
 
 _FIX = "set tensor_parallel.autotp_size (zerotrain train --tensor_parallel_size) to a divisor of it"
 _STYLES = ("colwise", "rowwise")
@@ -66,19 +73,61 @@ def _hf_rules(model: nn.Module, config, rules: dict, size: int, root: str) -> di
                                       f"as {style!r}, which zerotrain does not build (it splits {' and '.join(_STYLES)}"
                                       "); train this model without tensor_parallel")
                 plan[path] = style
-    return plan
+    parents = [path.rpartition(".")[0] for path, style in plan.items() if style == "colwise"]
+    # attention's q, k, v and the MLP's gate, up read one input: converted once at their module
+    return plan | {parent: "shared_input" for parent in set(parents) if parents.count(parent) > 1}
 
 
-def tensor_plan(model: nn.Module, size: int) -> dict[str, str]:
-    """The split of `model` over `size` tensor ranks, checked."""
+def _vocab_layers(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(embedding, head) of zerotrain's GPT or of the first HF causal LM inside `model`."""
+    for sub in model.modules():
+        if isinstance(sub, GPT):
+            return sub.wte, sub.lm_head
+        inputs, outputs = getattr(sub, "get_input_embeddings", None), getattr(sub, "get_output_embeddings", None)
+        if callable(inputs) and callable(outputs) and getattr(sub, "config", None) is not None:
+            try:
+                pair = inputs(), outputs()
+            except NotImplementedError:
+                continue
+            if isinstance(pair[0], nn.Embedding) and isinstance(pair[1], nn.Linear):
+                return pair
+    return None
+
+
+def vocab_plan(model: nn.Module, size: int, vocab: bool | None) -> tuple[dict[str, str], str | None]:
+    """({embedding path: "vocab_embedding", head path: "vocab_head"} or {}, why not split)."""
+    if vocab is False:
+        return {}, None
+    layers, why = _vocab_layers(model), None
+    if layers is None:
+        why = f"{type(model).__name__} has no token embedding and LM head zerotrain splits (its GPT, HF causal LMs)"
+    elif layers[0].num_embeddings != layers[1].out_features:
+        why = f"the embedding has {layers[0].num_embeddings} rows, the head {layers[1].out_features} outputs"
+    elif layers[0].num_embeddings % size:
+        why = f"the vocabulary of {layers[0].num_embeddings} tokens does not divide by {size}"
+    if why is not None:
+        if vocab:
+            raise ConfigError(f"tensor_parallel.vocab_parallel_lm_head true: {why}; set it to false (the embedding "
+                              "and head stay whole)" + (" or pad the vocabulary" if layers else ""))
+        return {}, why
+    paths = {id(m): path for path, m in model.named_modules()}
+    return {paths[id(layers[0])]: "vocab_embedding", paths[id(layers[1])]: "vocab_head"}, None
+
+
+def tensor_plan(model: nn.Module, size: int, vocab: bool | None = False) -> tuple[dict[str, str], str | None]:
+    """The split of `model` over `size` tensor ranks, checked; and why the vocabulary is not
+    split (None when it is, or when vocab is False)."""
     plan = _zerotrain_plan(model, size) or _hf_plan(model, size)
     if not plan:
         raise ConfigError(f"tensor_parallel: {type(model).__name__} has no tensor-parallel plan (zerotrain splits its "
                           "GPT and BERT, and HF models whose config has a base_model_tp_plan: LLaMA, Qwen, Mistral, "
                           "...); use one of those or remove tensor_parallel (--tensor_parallel_size 1)")
+    vocab_split, why = vocab_plan(model, size, vocab)
     modules = dict(model.named_modules())
     for path, style in plan.items():
         layer = modules[path]
+        if style == "shared_input":
+            continue
         if not isinstance(layer, nn.Linear):
             raise ConfigError(f"tensor_parallel: {path} is a {type(layer).__name__}, not a Linear; zerotrain splits "
                               "Linear layers only: train this model without tensor_parallel")
@@ -87,4 +136,4 @@ def tensor_plan(model: nn.Module, size: int) -> dict[str, str]:
         if width % (size * parts):
             raise ConfigError(f"tensor_parallel.autotp_size {size}: {path} has {width // parts} {side} features"
                               f"{' per part' if parts > 1 else ''}, not divisible by {size}; {_FIX}")
-    return plan
+    return plan | vocab_split, why

@@ -72,13 +72,16 @@ def pipeline_layout(module, comm, mpu=None) -> Layout:
             raise ConfigError(f"tensor_parallel.autotp_size {cfg.tensor_parallel.size}, but the PipelineModule's "
                               f"topology has {tensor} tensor rank(s); build it with topology=PipeModelDataParallel"
                               f"Topology(num_pp, num_mp={cfg.tensor_parallel.size}, num_dp), or make them equal")
+        if cfg.tensor_parallel.vocab_parallel_lm_head:
+            raise ConfigError("tensor_parallel.vocab_parallel_lm_head true with a PipelineModule: the vocabulary split "
+                              "is built for whole models only (a stage's embedding and head stay whole); remove it")
 
     def after_broadcast() -> None:
         ties.sync_weights()
         if tensor > 1:
             for t in list(module.parameters()) + list(module.buffers()):
                 tensor_comm.broadcast(t.data)
-            replaced.update(split_model(module, mesh))
+            replaced.update(split_model(module, mesh)[0])
 
     def uncounted() -> list:
         out = {id(p): p for p in ties.uncounted()}

@@ -19,8 +19,9 @@ def _llama(heads: int = 4, kv: int = 2, inner: int = 64):
                                         num_attention_heads=heads, num_key_value_heads=kv))
 
 
-def test_gpt_blocks_are_split_and_the_head_stays_whole():
-    plan = tensor_plan(GPT(GPTConfig.preset("tiny")), 2)
+def test_gpt_blocks_are_split_and_the_head_stays_whole_when_asked():
+    plan, why = tensor_plan(GPT(GPTConfig.preset("tiny")), 2, vocab=False)
+    assert why is None
     assert plan == {"blocks.0.qkv": "fused_colwise:3", "blocks.0.proj": "rowwise", "blocks.0.fc": "colwise",
                     "blocks.0.fc_out": "rowwise", "blocks.1.qkv": "fused_colwise:3", "blocks.1.proj": "rowwise",
                     "blocks.1.fc": "colwise", "blocks.1.fc_out": "rowwise"}
@@ -28,10 +29,26 @@ def test_gpt_blocks_are_split_and_the_head_stays_whole():
 
 def test_hf_plan_comes_from_the_config_and_reaches_into_wrappers():
     wrapped = torch.nn.ModuleDict({"inner": _llama()})
-    plan = tensor_plan(wrapped, 2)
+    plan, _ = tensor_plan(wrapped, 2)
     assert plan["inner.model.layers.1.self_attn.q_proj"] == "colwise"
     assert plan["inner.model.layers.0.mlp.down_proj"] == "rowwise"
-    assert len(plan) == 14 and not any("lm_head" in k or "embed" in k for k in plan)
+    # q, k, v and gate, up read one input each: their modules convert it once
+    assert plan["inner.model.layers.1.self_attn"] == plan["inner.model.layers.0.mlp"] == "shared_input"
+    assert len(plan) == 14 + 4 and not any("lm_head" in k or "embed" in k for k in plan)
+
+
+def test_the_vocabulary_is_split_where_it_divides():
+    gpt, _ = tensor_plan(GPT(GPTConfig.preset("tiny")), 2, vocab=None)
+    assert {k: v for k, v in gpt.items() if "blocks" not in k} == {"wte": "vocab_embedding", "lm_head": "vocab_head"}
+    llama, why = tensor_plan(torch.nn.ModuleDict({"inner": _llama()}), 2, vocab=True)
+    assert why is None
+    assert llama["inner.model.embed_tokens"] == "vocab_embedding" and llama["inner.lm_head"] == "vocab_head"
+    odd = GPT(GPTConfig(vocab_size=63, n_embd=32, n_head=2, n_layer=1))
+    plan, why = tensor_plan(odd, 2, vocab=None)  # null: whole, and why
+    assert why == "the vocabulary of 63 tokens does not divide by 2" and "wte" not in plan
+    with pytest.raises(ConfigError, match="^tensor_parallel.vocab_parallel_lm_head true: the vocabulary of 63 tokens "
+                                          "does not divide by 2; set it to false .* or pad the vocabulary$"):
+        tensor_plan(odd, 2, vocab=True)
 
 
 @pytest.mark.parametrize("model,message", [
