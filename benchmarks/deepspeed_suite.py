@@ -144,6 +144,10 @@ DIFFERENCES: list[tuple[str, str, str]] = [
     ("TestNonPLDModel", r"ModelInterfaceError",
      "layer drop on a model that cannot take its arguments is refused at initialize (a TypeError subclass), "
      "not at the first forward"),
+    ("test_invalid_gradient_allreduce_op", r"gradient_allreduce_op: should be 'mean' or 'sum'",
+     "a bad value is a ConfigError naming the key, the values it takes and the one given, not DeepSpeed's wording"),
+    ("test_sum_gradient_allreduce_rejects_zero3", r"DID NOT RAISE",
+     "gradient_allreduce_op \"sum\" is built at every ZeRO stage, 3 included (DeepSpeed refuses it at stage 3)"),
     ("", r": unknown key",
      "keys zerotrain's schema does not know are errors with a did-you-mean (DeepSpeed keys newer than "
      "zerotrain's schema, e.g. Muon's ns_method)"),
