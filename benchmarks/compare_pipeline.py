@@ -183,23 +183,13 @@ def worker(args) -> None:
 
 def run_job(python: Path, name: str, framework: str, args, log_dir: Path, src: Path, curriculum: int = 0,
             schedule: str = "1f1b") -> dict | None:
-    out = log_dir / f"{name}-{time.monotonic_ns()}.json"
-    cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", 4, "--master_port", cz._free_port(),
-           __file__, "--worker", framework, "--out", out, "--steps", args.steps, "--warmup", args.warmup,
-           "--micro", args.micro, "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab,
-           "--embd", args.embd, "--layers", args.layers, "--heads", args.heads, "--lr", args.lr,
-           "--curriculum", curriculum, "--schedule", schedule]
-    env = cz._venv_env(cz.DS_VENV if framework == "deepspeed" else Path(sys.prefix))
-    env["COMPARE_ZERO_SRC"] = str(src)
-    if framework != "deepspeed":
-        env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
-    r = cz._run_quiet(cmd, env=env, timeout=3600)
-    if r.returncode != 0 or not out.exists():
-        text = r.stdout + r.stderr
-        at = text.find("Traceback")
-        cz._say(f"  {name}: FAILED (exit {r.returncode}):\n" + "\n".join(text[at if at >= 0 else -4000:].splitlines()[:40]))
+    res = cz.launch_worker(python, __file__, 4, framework,
+                           ["--worker", framework, "--steps", args.steps, "--warmup", args.warmup,
+                            "--micro", args.micro, "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab,
+                            "--embd", args.embd, "--layers", args.layers, "--heads", args.heads, "--lr", args.lr,
+                            "--curriculum", curriculum, "--schedule", schedule], log_dir, src, name, timeout=3600)
+    if res is None:
         return None
-    res = json.loads(out.read_text())
     cz._say(f"  {name:22s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
             f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank, last loss {res['losses'][-1]:.5f}")
     return res

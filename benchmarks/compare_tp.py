@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -122,22 +121,13 @@ def ensure_transformers(py: Path) -> bool:
 
 
 def run_job(python: Path, name: str, args, log_dir: Path, src: Path) -> dict | None:
-    out = log_dir / f"{name}-{time.monotonic_ns()}.json"
-    cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", 2, "--master_port", cz._free_port(), __file__,
-           "--worker", name, "--out", out, "--steps", args.steps, "--warmup", args.warmup, "--micro", args.micro,
-           "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab, "--hidden", args.hidden,
-           "--inner", args.inner, "--layers", args.layers, "--heads", args.heads, "--kv_heads", args.kv_heads,
-           "--lr", args.lr]
-    env = cz._venv_env(cz.DS_VENV if name == "deepspeed" else Path(sys.prefix))
-    if name != "deepspeed":
-        env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
-    r = cz._run_quiet(cmd, env=env, timeout=3600)
-    if r.returncode != 0 or not out.exists():
-        text = r.stdout + r.stderr
-        at = text.find("Traceback")
-        cz._say(f"  {name}: FAILED (exit {r.returncode}):\n" + "\n".join(text[at if at >= 0 else -4000:].splitlines()[:40]))
+    res = cz.launch_worker(python, __file__, 2, name,
+                           ["--worker", name, "--steps", args.steps, "--warmup", args.warmup, "--micro", args.micro,
+                            "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab, "--hidden", args.hidden,
+                            "--inner", args.inner, "--layers", args.layers, "--heads", args.heads,
+                            "--kv_heads", args.kv_heads, "--lr", args.lr], log_dir, src, name, timeout=3600)
+    if res is None:
         return None
-    res = json.loads(out.read_text())
     cz._say(f"  {name:10s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
             f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank, last loss {res['losses'][-1]:.5f}")
     return res

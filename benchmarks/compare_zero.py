@@ -329,29 +329,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(python: Path, framework: str, stage: int, args, log_dir: Path, src: Path) -> dict | None:
-    out = log_dir / f"{framework}-s{stage}-{time.monotonic_ns()}.json"
-    cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", args.nproc, "--master_port", _free_port(),
-           __file__, "--worker", framework, "--stage", stage, "--out", out,
-           "--steps", args.steps, "--warmup", args.warmup, "--micro", args.micro, "--seq", args.seq,
-           "--vocab", args.vocab, "--embd", args.embd, "--layers", args.layers, "--heads", args.heads,
-           "--lr", args.lr, "--clip", args.clip]
-    prefix = DS_VENV if framework == "deepspeed" else Path(sys.prefix)
-    env = _venv_env(prefix)
+def launch_worker(python: Path, script: str, nproc: int, framework: str, worker_args: list, log_dir: Path,
+                  src: Path, label: str, timeout: int = 1800) -> dict | None:
+    """One torchrun job of `script --worker ... --out FILE` in the framework's venv (zerotrain's
+    jobs run the `src` snapshot): the JSON it wrote, with wall_s added; None, and the first
+    rank's traceback printed, when it failed. compare_tp and compare_pipeline launch through it."""
+    out = log_dir / f"{label.replace(' ', '-').replace(':', '-')}-{time.monotonic_ns()}.json"
+    cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_port", _free_port(),
+           script, *worker_args, "--out", out]
+    env = _venv_env(DS_VENV if framework == "deepspeed" else Path(sys.prefix))
     env["COMPARE_ZERO_SRC"] = str(src)
     if framework != "deepspeed":  # ahead of the editable install: every job runs the same snapshot
         env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
     start = time.perf_counter()
-    r = _run_quiet(cmd, env=env, timeout=1800)
+    r = _run_quiet(cmd, env=env, timeout=timeout)
     if r.returncode != 0 or not out.exists():
         text = r.stdout + r.stderr
         at = text.find("Traceback")  # the first rank's own traceback, not torchrun's summary
         lines = text[at:].splitlines()[:40] if at >= 0 else text.strip().splitlines()[-25:]
         tail = "\n".join(lines)
-        _say(f"  {framework} stage {stage}: FAILED (exit {r.returncode}); its output:\n{tail}")
+        _say(f"  {label}: FAILED (exit {r.returncode}); its output:\n{tail}")
         return None
     res = json.loads(out.read_text())
     res["wall_s"] = time.perf_counter() - start
+    return res
+
+
+def run_job(python: Path, framework: str, stage: int, args, log_dir: Path, src: Path) -> dict | None:
+    res = launch_worker(python, __file__, args.nproc, framework,
+                        ["--worker", framework, "--stage", stage, "--steps", args.steps, "--warmup", args.warmup,
+                         "--micro", args.micro, "--seq", args.seq, "--vocab", args.vocab, "--embd", args.embd,
+                         "--layers", args.layers, "--heads", args.heads, "--lr", args.lr, "--clip", args.clip],
+                        log_dir, src, f"{framework} stage {stage}")
+    if res is None:
+        return None
     _say(f"  {framework:9s} stage {stage}: median {1000 * statistics.median(res['times']):7.1f} ms/step, "
          f"peak RSS {max(res['peak_kib']) / 1024:6.0f} MiB/rank, final loss {res['losses'][-1]:.5f} "
          f"({res['wall_s']:.0f} s)")
