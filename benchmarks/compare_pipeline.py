@@ -10,8 +10,10 @@ per pipeline, seed_layers=True so both frameworks start from the same weights. T
 the same for both: `PipelineModule(layers, num_stages=2, loss_fn=...)`, `initialize`,
 `engine.train_batch(data_iter)`, only the import differs.
 
-Jobs, each its own torchrun, interleaved round by round: zerotrain (1f1b), DeepSpeed, then
-zerotrain with a sequence-length curriculum (which DeepSpeed's pipeline engine cannot run:
+Jobs, each its own torchrun, interleaved round by round: zerotrain (1f1b), DeepSpeed, the
+compute floor (each rank's stage forward, backward and fused AdamW step with no communication at
+all, the four ranks at once: no engine's step can be shorter; zerotrain's and DeepSpeed's step
+times are printed as multiples of it), then zerotrain with a sequence-length curriculum (which DeepSpeed's pipeline engine cannot run:
 it never passes curriculum_seqlen and its buffers keep the first shape), and zerotrain under
 each extra schedule of --schedules. Reported: median step time (barrier to the max over
 ranks; and the process CPU time of a step, steadier on a shared machine), peak RSS per rank
@@ -107,9 +109,58 @@ def _seed_all(seed) -> None:
     torch.manual_seed(int(seed))
 
 
+def floor_worker(args) -> None:
+    """The compute floor of a pipeline step: each rank runs its own stage's forward and backward
+    for its m micro-batches and a fused AdamW step, with no communication at all (no activations
+    or gradients sent, no tied or data-parallel all-reduce), the four ranks at once on the same
+    cores as the real jobs. No pipeline engine can take a step in less time than this."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    net = _layers("zerotrain", args)  # zerotrain's PipelineModule: the same cut into stages
+    stage = net.stages()[0]
+    params = [p for p in stage.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, fused=True)
+    last = stage.index == net.num_stages - 1
+    g = torch.Generator().manual_seed(0)
+    act = torch.randn(args.micro, args.seq, args.embd, generator=g)
+    times, cpu = [], []
+    for step in range(args.warmup + args.steps):
+        ids = torch.randint(0, args.vocab, (args.accum, args.micro, args.seq), generator=g)
+        dist.barrier()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for x in ids:
+            if last:  # the input's gradient too: a real last stage sends it back
+                net.loss_fn(stage(act.clone().requires_grad_()), x).backward()
+            else:
+                out = stage(x)
+                out.backward(act)
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        spent = torch.tensor([time.perf_counter() - start, time.process_time() - cpu_start], dtype=torch.float64)
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+        if step >= args.warmup:
+            times.append(spent[0].item())
+            cpu.append(spent[1].item())
+    peak = torch.tensor([cz._status_kib("VmHWM")], dtype=torch.int64)
+    peaks = [torch.zeros_like(peak) for _ in range(dist.get_world_size())]
+    dist.all_gather(peaks, peak)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"times": times, "cpu": cpu, "losses": [], "peak_kib": [int(t) for t in peaks],
+                                              "params": sum(p.numel() for p in params)}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def worker(args) -> None:
     import torch
 
+    if args.worker == "floor":
+        floor_worker(args)
+        return
     torch.set_num_threads(1)
     t_init = time.perf_counter()
     if args.worker == "deepspeed":
@@ -190,8 +241,9 @@ def run_job(python: Path, name: str, framework: str, args, log_dir: Path, src: P
                             "--curriculum", curriculum, "--schedule", schedule], log_dir, src, name, timeout=3600)
     if res is None:
         return None
+    last = f", last loss {res['losses'][-1]:.5f}" if res["losses"] else ""
     cz._say(f"  {name:22s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
-            f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank, last loss {res['losses'][-1]:.5f}")
+            f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank{last}")
     return res
 
 
@@ -232,6 +284,13 @@ def report(results: dict, args, ds_state: str) -> bool:
         print(f"  CPU time per step (process CPU incl. comm threads, max over ranks; steadier than wall time on a "
               f"shared machine): {c_ratio:.2f}")
         ok = t_ratio <= TIME_TARGET and m_ratio <= RSS_TARGET
+        if results.get("floor"):
+            fl = med["floor"]
+            z_fl = statistics.median(a / b for a, b in zip(med["zerotrain"], fl))
+            d_fl = statistics.median(a / b for a, b in zip(med["deepspeed"], fl))
+            print(f"  the compute floor (each stage's forward, backward and optimizer step, no communication, the "
+                  f"four ranks at once): zerotrain {z_fl:.2f}x it, DeepSpeed {d_fl:.2f}x it; the best step-time "
+                  f"ratio any engine could reach here, floor / DeepSpeed: {1 / d_fl:.2f}")
         print()
         print("loss per step: zerotrain, DeepSpeed, |difference|")
         worst = 0.0
@@ -306,6 +365,7 @@ def main() -> int:
     jobs = [("zerotrain", "zerotrain", here, 0, "1f1b")]
     if ds_py is not None:
         jobs.append(("deepspeed", "deepspeed", ds_py, 0, "1f1b"))
+    jobs.append(("floor", "floor", here, 0, "1f1b"))
     jobs.append(("zerotrain+curriculum", "zerotrain", here, 2 * ((args.seq - 16) // 16 + 1), "1f1b"))
     jobs += [(f"zerotrain:{s}", "zerotrain", here, 0, s) for s in args.schedules.split(",") if s.strip()]
     results: dict = {}

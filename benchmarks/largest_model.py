@@ -351,7 +351,11 @@ def probe(framework: str, layers: int, args, ctx: dict) -> dict:
         text = log.read_text(errors="replace")
         at = text.find("Traceback")  # the first rank's own traceback, not torchrun's summary
         tail = "\n".join(text[at:].splitlines()[:40] if at >= 0 else text.strip().splitlines()[-25:])
-        res.update(fits=False, why=f"FAILED (exit {proc.returncode}), not a memory limit", error=tail)
+        if "the disk is full" in text or "are free; free space there" in text:  # zerotrain's two disk errors
+            res.update(fits=False, why="does not fit on the disk: " + next(
+                line.strip() for line in text.splitlines() if "disk is full" in line or "are free;" in line)[-160:])
+        else:
+            res.update(fits=False, why=f"FAILED (exit {proc.returncode}), not a memory limit", error=tail)
     else:
         res.update(fits=True, why="fits", **json.loads(out.read_text()))
     line = f"  {framework:15s} {layers:4d} layers: {res['why']}"
@@ -368,7 +372,7 @@ def probe(framework: str, layers: int, args, ctx: dict) -> dict:
 
 def search(framework: str, args, ctx: dict) -> dict | None:
     """The largest layer count that fits (doubling, then bisection); its probe's result, or None."""
-    best, fail, n = None, None, args.start_layers
+    best, fail, n = None, None, args.start_layers[framework]
     while True:
         res = probe(framework, n, args, ctx)
         if not res["fits"]:
@@ -381,7 +385,7 @@ def search(framework: str, args, ctx: dict) -> dict | None:
     if best is None:
         return None
     lo, hi = best["layers"], fail
-    while hi is not None and hi - lo > args.resolution:
+    while hi is not None and hi - lo > args.resolution[framework]:
         mid = (lo + hi) // 2
         res = probe(framework, mid, args, ctx)
         if res["fits"]:
@@ -401,7 +405,7 @@ def report(largest: dict, args, ctx: dict) -> None:
     print()
     print(f"model: GPT width {args.embd}, {args.heads} heads, vocab {args.vocab}, {args.seq} positions; bf16, AdamW, "
           f"micro batch 1 x {args.seq} per rank, {args.nproc} ranks (gloo, 1 thread each), {args.steps} steps; "
-          f"layers bisected to within {args.resolution}")
+          "layers bisected to within " + ", ".join(f"{fw} {args.resolution[fw]}" for fw in args.frameworks))
     print(f"budget {args.budget_gib:.2f} GiB per rank (watchdog on RSS); disk ({ctx['nvme']}): sequential read "
           f"{seq_read:.2f} GB/s, write {seq_write:.2f} GB/s (dd O_DIRECT, {args.disk_test_gib} GiB)")
     print()
@@ -470,15 +474,29 @@ def targets(largest: dict, args, ctx: dict) -> None:
                   f"{verdict(b >= DISK_TARGET)}")
 
 
+def per_framework(text: str) -> dict:
+    """`N` (every framework) or `FRAMEWORK=N,...` -> {framework or "*": N}."""
+    if "=" not in text:
+        return {"*": int(text)}
+    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+    try:
+        return {fw.strip(): int(n) for fw, n in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or FRAMEWORK=N,...") from None
+
+
 def main() -> int:
     import compare_zero
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma-separated among {','.join(FRAMEWORKS)}")
     p.add_argument("--max-layers", type=int, default=None, help="largest layer count tried (default 512, quick 32)")
-    p.add_argument("--start-layers", type=int, default=None, help="the first probe's layer count (default 1, quick 2)")
-    p.add_argument("--resolution", type=int, default=None,
-                   help="bisection stops when the fitting and failing layer counts are this close (default 1, quick 2)")
+    p.add_argument("--start-layers", type=per_framework, default={},
+                   help="the first probe's layer count (default 1, quick 2): N for every framework, or "
+                        "FRAMEWORK=N,... (e.g. zerotrain-nvme=48,deepspeed-nvme=16) with the default for the rest")
+    p.add_argument("--resolution", type=per_framework, default={},
+                   help="bisection stops when the fitting and failing layer counts are this close (default 1, "
+                        "quick 2): N, or FRAMEWORK=N,... as --start-layers")
     p.add_argument("--budget-gib", type=float, default=None,
                    help="RSS budget per rank (default (MemAvailable - 3 GiB) / 2; quick: at most 1.0)")
     p.add_argument("--nvme-path", default=None, help="folder for the swap files and the disk test (default: a "
@@ -512,8 +530,11 @@ def main() -> int:
         p.error(f"--frameworks: unknown {unknown}; choose among {','.join(FRAMEWORKS)}")
     args.embd = args.embd or (512 if args.quick else 2048)
     args.max_layers = args.max_layers or (32 if args.quick else 512)
-    args.start_layers = args.start_layers or (2 if args.quick else 1)
-    args.resolution = args.resolution or (2 if args.quick else 1)
+    if unknown := [f for f in {**args.start_layers, **args.resolution} if f not in (*FRAMEWORKS, "*")]:
+        p.error(f"--start-layers/--resolution: unknown framework {unknown}; choose among {','.join(FRAMEWORKS)}")
+    for name, default in (("start_layers", 2 if args.quick else 1), ("resolution", 2 if args.quick else 1)):
+        given = getattr(args, name)
+        setattr(args, name, {fw: given.get(fw, given.get("*", default)) for fw in FRAMEWORKS})
     args.disk_test_gib = args.disk_test_gib or (0.5 if args.quick else 4.0)
     default_budget = (mem_available() - RESERVE) / args.nproc / GIB
     args.budget_gib = args.budget_gib or (min(1.0, default_budget) if args.quick else default_budget)
@@ -543,7 +564,8 @@ def main() -> int:
                 args.frameworks.remove("deepspeed-nvme")
         largest = {}
         for fw in args.frameworks:
-            _say(f"{fw}: searching (from {args.start_layers} layers, at most {args.max_layers})")
+            _say(f"{fw}: searching (from {args.start_layers[fw]} layers, at most {args.max_layers}, bisected to "
+                 f"within {args.resolution[fw]})")
             largest[fw] = search(fw, args, ctx)
         report(largest, args, ctx)
         targets(largest, args, ctx)
