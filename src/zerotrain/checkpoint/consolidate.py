@@ -16,8 +16,9 @@ split tensor is joined along the dimension its "tensor_split" record names (colw
 dim 0, rowwise on dim 1, the vocabulary's embedding and head on their rows; a fused q/k/v put
 back in the model's order), and what every tensor rank holds whole is taken from rank 0:
 
-    tp_00: W[:, :h/2]  (its data ranks' pieces glued)  \
-    tp_01: W[:, h/2:]                                   > cat(dim=1) -> W, under the model's name
+    tp_00-* files: W[:, :h/2]  (its data ranks' pieces glued) --+
+                                                                +--> cat(dim=1) = W, the model's name
+    tp_01-* files: W[:, h/2:]  (likewise) ----------------------+
 
 Sources, best first: the fp32 masters (mixed precision: the module holds only their half
 cast), then stage 3's parameter shards, then the module state (stages 0-2 in fp32 keep whole
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -123,10 +125,28 @@ def model_file_sets(path: Path) -> list[list[tuple[int | None, str]]]:
     return [sorted(ranks, key=lambda r: r[0] or 0) for _, ranks in sorted(stages.items())] or [[(None, "")]]
 
 
+class ModelFiles(Protocol):
+    """What consolidation reads from one part of a model (the whole, or a pipeline stage)."""
+
+    def keys(self) -> list[str]:
+        """The state-dict names, in order (every alias of a tied parameter)."""
+
+    def param_of(self, key: str) -> str | None:
+        """The name the layout holds a (tied) parameter under; None for what only the module
+        state holds (buffers)."""
+
+    def spec(self, key: str) -> tuple[tuple, torch.dtype]:
+        """(whole shape, dtype written) of `key`, without reading its values."""
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """`key` put together whole (fp32 for parameters)."""
+
+
 class _Plan:
-    """One set of model files (a whole model, or one pipeline stage): which names the full
-    state dict has, and each tensor assembled on demand from every rank's piece, one parameter
-    at a time (a piece in a swap-file copy is read only where that parameter sits)."""
+    """One set of model files (a whole model, a pipeline stage, or one tensor rank's pieces of
+    either): which names the full state dict has, and each tensor assembled on demand from
+    every data-parallel rank's piece, one parameter at a time (a piece in a swap-file copy is
+    read only where that parameter sits)."""
 
     def __init__(self, path: Path, prefix: str):
         states, layout = _model_states(path, prefix)
@@ -212,14 +232,19 @@ class _TensorJoin:
             raise CheckpointError(f"{path.name}/{first.prefix}model_states.pt does not record how its tensors are "
                                   "split over the tensor ranks (saved before zerotrain recorded it); load it into the "
                                   "same tensor-parallel job and save the whole model (engine.save_16bit_model)")
-        self.size, self.split = int(first.split["size"]), first.split["split"]
+        self.size, self.split = first.split.get("size"), first.split["split"]
+        if not isinstance(self.size, int) or not all(
+                isinstance(r, dict) and isinstance(r.get("dim"), int) and isinstance(r.get("shape"), list)
+                and isinstance(r.get("parts"), int) and r["parts"] >= 1 for r in self.split.values()):
+            raise CheckpointError(f"{path.name}/{first.prefix}model_states.pt: the tensor_split record is malformed; "
+                                  "the checkpoint is corrupted")
         found = [r for r, _ in ranks]
         if found != list(range(self.size)):
-            missing = next(r for r in range(self.size) if r not in found) if len(found) < self.size else None
-            raise CheckpointError(f"{path.name}: " + (f"{stage}tp_{missing:02d}-model_states.pt is missing (tensor rank "
-                                  f"{missing} of {self.size}); the checkpoint is incomplete" if missing is not None else
-                                  f"model files for tensor ranks {found}, the checkpoint records {self.size}; it is "
-                                  "corrupted"))
+            missing = [r for r in range(self.size) if r not in found]
+            raise CheckpointError(f"{path.name}: " + (
+                f"{stage}tp_{missing[0]:02d}-model_states.pt is missing (tensor rank {missing[0]} of {self.size}); "
+                "the checkpoint is incomplete" if missing else
+                f"model files of tensor ranks {found}, but it records {self.size}; the checkpoint is corrupted"))
         for rank, plan in enumerate(self.plans):
             record = plan.split if isinstance(plan.split, dict) else {}
             if record.get("size") != self.size or record.get("rank") != rank or record.get("split") != self.split \
@@ -249,7 +274,7 @@ class _TensorJoin:
         return model_order(whole, self.size, record["parts"]) if record["parts"] > 1 else whole
 
 
-def _plans(ckpt_dir, tag) -> tuple[Path, list]:
+def _plans(ckpt_dir, tag) -> tuple[Path, list[ModelFiles]]:
     """A _Plan (or _TensorJoin of one per tensor rank) per pipeline stage."""
     path = _folder(ckpt_dir, tag)
     verify_checkpoint(path)
@@ -279,7 +304,7 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     return _consolidated(*_plans(ckpt_dir, tag))
 
 
-def _consolidated(path: Path, plans: list) -> dict[str, torch.Tensor]:
+def _consolidated(path: Path, plans: list[ModelFiles]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for plan in plans:
         made: dict[str, torch.Tensor] = {}
