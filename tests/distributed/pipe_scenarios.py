@@ -190,8 +190,10 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         tokens.append(engine.feature_value("tokens_consumed"))
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
+            saved = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}  # tensor pieces gathered
     state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
     return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens, "tokens": tokens,
+            "saved": saved if save is not None else None,
             "stage": engine.grid.get_stage_id(), "data": d, "built": engine._stages.built,
             "first": engine.is_first_stage(), "last": engine.is_last_stage()}
 

@@ -54,14 +54,9 @@ def two_rank_cases(tmp: str) -> dict:
     out["poisoned"] = ts.train(fp16, 3, poison=(1, 2))
     out["unpoisoned"] = ts.train(fp16, 2)
     out["bf16"] = ts.train(BF16 | {"tensor_parallel": {"autotp_size": 2}}, 4)
+    # the HF model itself (its own names), saved for consolidation
+    out["hf"] = ts.train(ts.config(GLOBAL, MICRO, 1, tensor=2, curriculum=False), 3, model="hf", save=(f"{tmp}/hf", 3))
     errors = {}
-    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
-    from zerotrain.errors import CheckpointError
-
-    try:
-        consolidate_checkpoint(f"{tmp}/ckpt")
-    except CheckpointError as e:
-        errors["consolidate"] = str(e)
     for case in ("heads", "no_plan", "stage3", "vocab"):
         try:
             ts.bad_input(case)
@@ -98,36 +93,114 @@ def test_tensor_parallel_matches_one_process(world2, tmp_path):
     assert "zero_optimization.stage 3 with tensor_parallel: use stage 0, 1 or 2" in errors["stage3"]
     assert ("vocab_parallel_lm_head true: the vocabulary of 63 tokens does not divide by 2; set it to false"
             in errors["vocab"])
-    assert "a tensor-parallel checkpoint (tp_00-model_states.pt, ...)" in errors["consolidate"]
     assert all("\n" not in e for e in errors.values())
+    consolidated_equals_gathered(tmp_path, ranks)
 
 
-def four_rank_cases() -> dict:
-    return {stage: ts.train(ts.config(GLOBAL, MICRO, stage, tensor=2), STEPS) for stage in (1, 2)}
+def _equal(got: dict, want: dict) -> None:
+    """fp32 `got` equal to `want` (in bf16: the fp32 masters cast as the module computes with them)."""
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k].dtype == torch.float32 and torch.equal(got[k].to(v.dtype), v), k
 
 
-def test_tensor_and_data_parallel_match_one_process(world4):
-    ranks = world4.run(four_rank_cases, timeout=400)
+def consolidated_equals_gathered(tmp_path, ranks: list[dict]) -> None:
+    """`zerotrain consolidate` of the tensor-2 checkpoints: the weights gathered from the live
+    engine when it saved (GPT: fused qkv, rowwise, vocabulary-split tied embedding); the HF
+    model's folder loads with plain transformers and gives the trained model's logits."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+    from zerotrain.cli import main
+    from zerotrain.errors import CheckpointError
+
+    _equal(consolidate_checkpoint(tmp_path / "ckpt"), ranks[0]["straight"]["saved"])
+    folder = tmp_path / "hf_model"
+    ts.llama().config.save_pretrained(folder)
+    assert main(["consolidate", str(tmp_path / "hf"), str(folder)]) == 0
+    _equal(load_file(folder / "model.safetensors"), ranks[0]["hf"]["saved"])
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ts.global_batch(99, 2)).logits
+        untrained = ts.llama().eval()(input_ids=ts.global_batch(99, 2)).logits
+    assert torch.allclose(logits, ranks[0]["hf"]["probe_logits"], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(logits, untrained, atol=1e-3)  # the steps moved it
+    # bad input, one line each: a tensor rank's files gone (from the manifest too); a checkpoint
+    # saved before the split was recorded
+    with pytest.raises(CheckpointError, match=r"^global_step3: tp_01-model_states.pt is missing \(tensor rank 1 of 2\); "
+                       "the checkpoint is incomplete$"):
+        consolidate_checkpoint(_rewritten(tmp_path / "hf/global_step3", tmp_path / "no_rank1/global_step3",
+                                          drop="tp_01-"))
+    with pytest.raises(CheckpointError, match=r"tp_00-model_states.pt does not record how its tensors are split.*"
+                       r"save the whole model \(engine.save_16bit_model\)$"):
+        consolidate_checkpoint(_rewritten(tmp_path / "hf/global_step3", tmp_path / "old/global_step3",
+                                          unrecord="tp_00-model_states.pt"))
+
+
+def _rewritten(src, dst, drop: str = "", unrecord: str = ""):
+    """A copy of checkpoint folder `src` whose manifest still verifies: without the files named
+    `drop...`, or with `unrecord`'s tensor_split record taken out."""
+    import hashlib
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    for f in [f for f in dst.iterdir() if drop and f.name.startswith(drop)]:
+        f.unlink()
+        del manifest["files"][f.name]
+    if unrecord:
+        states = torch.load(dst / unrecord, weights_only=True)
+        del states["tensor_split"]
+        torch.save(states, dst / unrecord)
+        data = (dst / unrecord).read_bytes()
+        manifest["files"][unrecord] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def four_rank_cases(tmp: str) -> dict:
+    out = {stage: ts.train(ts.config(GLOBAL, MICRO, stage, tensor=2), STEPS) for stage in (1, 2)}
+    # bf16: separate fp32 masters, each tensor rank's sharded over its 2 data ranks
+    bf16 = ts.config(GLOBAL, MICRO, 2, tensor=2, curriculum=False, bf16={"enabled": True})
+    out["saved"] = ts.train(bf16, 3, save=(f"{tmp}/ckpt", 3))["saved"]
+    return out
+
+
+def test_tensor_and_data_parallel_match_one_process(world4, tmp_path):
+    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+
+    ranks = world4.run(four_rank_cases, str(tmp_path), timeout=400)
     assert [r[1]["data"] for r in ranks] == [0, 0, 1, 1]  # tensor varies fastest
     reference = ts.train(ts.config(GLOBAL, MICRO, 0), STEPS)
     for stage in (1, 2):
         _check([r[stage] for r in ranks], reference)
+    _equal(consolidate_checkpoint(tmp_path / "ckpt"), ranks[0]["saved"])  # data pieces glued, then tensor pieces
+    assert ranks[0]["saved"]["blocks.0.fc.weight"].dtype == torch.bfloat16
 
 
-def three_way_case() -> dict:
+def three_way_case(tmp: str) -> dict:
     import pipe_scenarios as ps
 
     from zerotrain.pipe import PipeModelDataParallelTopology
 
     topology = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
-    return ps.pipeline_run(ps.config(GLOBAL, MICRO, 1), STEPS, topology=topology)
+    return ps.pipeline_run(ps.config(GLOBAL, MICRO, 1), STEPS, topology=topology, save=(f"{tmp}/ckpt", STEPS))
 
 
-def test_data_pipeline_and_tensor_parallel_match_one_process(world8):
-    """The pipeline scenario (curriculum, layer drop, a tied embedding) on 2 x 2 x 2 ranks."""
+def test_data_pipeline_and_tensor_parallel_match_one_process(world8, tmp_path):
+    """The pipeline scenario (curriculum, layer drop, a tied embedding) on 2 x 2 x 2 ranks;
+    its checkpoint (pipe_XX-tp_YY- files) consolidates into the stages' gathered weights."""
     import pipe_scenarios as ps
 
-    ranks = world8.run(three_way_case, timeout=500)
+    from zerotrain.checkpoint.consolidate import consolidate_checkpoint
+
+    ranks = world8.run(three_way_case, str(tmp_path), timeout=500)
+    stages = ranks[4]["saved"] | ranks[0]["saved"]  # stage 1, then stage 0 (the tied embedding: from the first)
+    assert sorted(p.name for p in (tmp_path / "ckpt" / f"global_step{STEPS}").glob("*model_states.pt")) == [
+        f"pipe_0{s}-tp_0{t}-model_states.pt" for s in (0, 1) for t in (0, 1)]
+    _equal(consolidate_checkpoint(tmp_path / "ckpt"), stages)
     assert [(r["stage"], r["data"]) for r in ranks] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     reference = ps.reference_run(ps.config(GLOBAL, MICRO, 1), STEPS)
     for r in ranks:

@@ -43,7 +43,7 @@ class LossOf(torch.nn.Module):
         return self.model(input_ids=input_ids, labels=labels).loss
 
 
-MODELS = {"gpt": gpt, "llama": lambda: LossOf(llama())}
+MODELS = {"gpt": gpt, "llama": lambda: LossOf(llama()), "hf": llama}  # "hf": the HF model itself, its own names
 
 
 def config(global_size: int, micro: int, stage: int = 0, tensor: int = 1, curriculum: bool = True,
@@ -87,6 +87,7 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
         for m in range(ga):
             x = mine[m * micro:(m + 1) * micro]
             loss = engine(x, labels=x)
+            loss = loss.loss if model == "hf" else loss
             if poison is not None and poison == (rank, step):
                 loss = loss * float("inf")
             engine.backward(loss)
@@ -98,10 +99,11 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
         skipped.append(engine.skipped_steps)
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
+            saved = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}  # gathered whole
     whole = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}
     from zerotrain.comm.tensor_parallel import local
 
-    lm = net if model == "gpt" else net.model
+    lm = net if model == "gpt" else net.model if model == "llama" else net
     embedding, head = lm.get_input_embeddings() if model != "gpt" else lm.wte, lm.lm_head
     with torch.no_grad():  # the logits a rank holds: its share of the vocabulary
         logits = local(lm(mine[:1]) if model == "gpt" else lm(input_ids=mine[:1]).logits)
@@ -113,7 +115,13 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
             evaluated = engine(mine[:1])
         vocab["eval_logits"] = (type(evaluated).__name__, evaluated.shape[-1])
         engine.train()
+    probe = None
+    if model == "hf":  # the trained model's whole logits (eval mode gathers them)
+        engine.eval()
+        with torch.no_grad():
+            probe = engine(input_ids=global_batch(99, 2)).logits
     return {"losses": losses, "norms": norms, "tokens": tokens, "skipped": skipped, "params": whole, "vocab": vocab,
+            "saved": saved if save is not None else None, "probe_logits": probe,
             "seqlen": engine.feature_value("curriculum_seqlen"), "data": data.rank, "data_world": data.world_size}
 
 

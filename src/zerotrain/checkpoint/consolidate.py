@@ -10,6 +10,16 @@ A pipeline checkpoint holds one such set of files per stage (`pipe_00-model_stat
 `pipe_00-optim_rank0.pt`, ...): each is put together on its own and the stages' state dicts
 are merged into one model (a tied layer, held by several stages, is taken from the first).
 
+A tensor-parallel checkpoint holds one set per tensor rank (`tp_00-...`, `tp_01-...`; with a
+pipeline `pipe_00-tp_01-...`): each rank's local pieces are put together as above, then each
+split tensor is joined along the dimension its "tensor_split" record names (colwise layers on
+dim 0, rowwise on dim 1, the vocabulary's embedding and head on their rows; a fused q/k/v put
+back in the model's order), and what every tensor rank holds whole is taken from rank 0:
+
+    tp_00-* files: W[:, :h/2]  (its data ranks' pieces glued) --+
+                                                                +--> cat(dim=1) = W, the model's name
+    tp_01-* files: W[:, h/2:]  (likewise) ----------------------+
+
 Sources, best first: the fp32 masters (mixed precision: the module holds only their half
 cast), then stage 3's parameter shards, then the module state (stages 0-2 in fp32 keep whole
 weights there). Buffers and frozen parameters always come from the module state.
@@ -18,10 +28,13 @@ weights there). Buffers and frozen parameters always come from the module state.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from ..comm.tensor_parallel import model_order
 from ..errors import CheckpointError
 from ..zero.layout import GroupLayout
 from .safetensors_out import save_safetensors
@@ -96,26 +109,51 @@ def _rank_pieces(path: Path, layout: dict, rank: int, prefix: str = "") -> tuple
     return kind, [piece if piece is not None else shards[gi] for gi, piece in enumerate(pieces)]
 
 
-def pipeline_prefixes(path: Path) -> list[str]:
-    """The stage prefixes of a pipeline checkpoint ("pipe_00-", ...); [""] for any other. A
-    tensor-parallel checkpoint (tp_XX- files: each rank's pieces of the split layers) is refused
-    in one line: its pieces are not glued back here."""
-    if any(Path(path).glob("*tp_*-model_states.pt")):
-        raise CheckpointError(f"{path}: a tensor-parallel checkpoint (tp_00-model_states.pt, ...), which zerotrain "
-                              "consolidate does not put together yet; write the whole model while training instead "
-                              "(engine.save_16bit_model, or the model folder zerotrain train saves)")
-    found = sorted(f.name[: -len("model_states.pt")] for f in Path(path).glob("pipe_*-model_states.pt"))
-    return found or [""]
+_FILE = re.compile(r"(pipe_\d+-)?(?:tp_(\d+)-)?model_states\.pt")
+
+
+def model_file_sets(path: Path) -> list[list[tuple[int | None, str]]]:
+    """The prefixes of a checkpoint's model files by pipeline stage, each stage's tensor ranks
+    in order as (tensor rank or None, prefix): [[(None, "")]] for a whole model, [[(None,
+    "pipe_00-")], ...] for a pipeline, [[(0, "tp_00-"), (1, "tp_01-")]] for tensor parallelism."""
+    stages: dict[str, list] = {}
+    for f in sorted(Path(path).glob("*model_states.pt")):
+        m = _FILE.fullmatch(f.name)
+        if m is not None and (m[1] or m[2] is not None):
+            rank = None if m[2] is None else int(m[2])
+            stages.setdefault(m[1] or "", []).append((rank, f.name[: -len("model_states.pt")]))
+    return [sorted(ranks, key=lambda r: r[0] or 0) for _, ranks in sorted(stages.items())] or [[(None, "")]]
+
+
+class ModelFiles(Protocol):
+    """What consolidation reads from one part of a model (the whole, or a pipeline stage)."""
+
+    def keys(self) -> list[str]:
+        """The state-dict names, in order (every alias of a tied parameter)."""
+
+    def param_of(self, key: str) -> str | None:
+        """The name the layout holds a (tied) parameter under; None for what only the module
+        state holds (buffers)."""
+
+    def spec(self, key: str) -> tuple[tuple, torch.dtype]:
+        """(whole shape, dtype written) of `key`, without reading its values."""
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """`key` put together whole (fp32 for parameters)."""
 
 
 class _Plan:
-    """One set of model files (a whole model, or one pipeline stage): which names the full
-    state dict has, and each tensor assembled on demand from every rank's piece, one parameter
-    at a time (a piece in a swap-file copy is read only where that parameter sits)."""
+    """One set of model files (a whole model, a pipeline stage, or one tensor rank's pieces of
+    either): which names the full state dict has, and each tensor assembled on demand from
+    every data-parallel rank's piece, one parameter at a time (a piece in a swap-file copy is
+    read only where that parameter sits)."""
 
     def __init__(self, path: Path, prefix: str):
         states, layout = _model_states(path, prefix)
-        self.module = states["module"]
+        self.module, self.prefix = states["module"], prefix
+        self.split = states.get("tensor_split")  # None: not tensor-parallel (or saved before it was recorded)
+        self.frozen = set(states.get("frozen", ())) if states.get("frozen_excluded") else set()  # left out on purpose
+        self.all_frozen = set(states.get("frozen", ()))
         ws, stage, groups = int(layout["world_size"]), int(layout["stage"]), layout["groups"]
         layouts = group_layouts(path, layout)
         ranks = range(ws if stage > 0 else 1)  # stage 0: rank 0 saves for all
@@ -181,10 +219,67 @@ class _Plan:
         return out.reshape(self.shapes[name])
 
 
-def _plans(ckpt_dir, tag) -> tuple[Path, list[_Plan]]:
+class _TensorJoin:
+    """One set of model files per tensor rank (a whole model, or one pipeline stage), read as
+    one _Plan: each split tensor joined from the ranks' whole local pieces along its recorded
+    dimension, one tensor at a time; the rest (held whole by every rank) taken from rank 0."""
+
+    def __init__(self, path: Path, ranks: list[tuple[int | None, str]]):
+        stage = ranks[0][1].partition("tp_")[0]
+        self.plans = [_Plan(path, prefix) for _, prefix in ranks]
+        first = self.plans[0]
+        if not isinstance(first.split, dict) or not isinstance(first.split.get("split"), dict):
+            raise CheckpointError(f"{path.name}/{first.prefix}model_states.pt does not record how its tensors are "
+                                  "split over the tensor ranks (saved before zerotrain recorded it); load it into the "
+                                  "same tensor-parallel job and save the whole model (engine.save_16bit_model)")
+        self.size, self.split = first.split.get("size"), first.split["split"]
+        if not isinstance(self.size, int) or not all(
+                isinstance(r, dict) and isinstance(r.get("dim"), int) and isinstance(r.get("shape"), list)
+                and isinstance(r.get("parts"), int) and r["parts"] >= 1 for r in self.split.values()):
+            raise CheckpointError(f"{path.name}/{first.prefix}model_states.pt: the tensor_split record is malformed; "
+                                  "the checkpoint is corrupted")
+        found = [r for r, _ in ranks]
+        if found != list(range(self.size)):
+            missing = [r for r in range(self.size) if r not in found]
+            raise CheckpointError(f"{path.name}: " + (
+                f"{stage}tp_{missing[0]:02d}-model_states.pt is missing (tensor rank {missing[0]} of {self.size}); "
+                "the checkpoint is incomplete" if missing else
+                f"model files of tensor ranks {found}, but it records {self.size}; the checkpoint is corrupted"))
+        for rank, plan in enumerate(self.plans):
+            record = plan.split if isinstance(plan.split, dict) else {}
+            if record.get("size") != self.size or record.get("rank") != rank or record.get("split") != self.split \
+                    or plan.keys() != first.keys():
+                raise CheckpointError(f"{path.name}/{plan.prefix}model_states.pt does not match tensor rank 0's "
+                                      "(other tensors, splits or tensor size); the checkpoint is corrupted")
+        self.frozen, self.all_frozen = first.frozen, first.all_frozen
+
+    def keys(self) -> list[str]:
+        return self.plans[0].keys()
+
+    def param_of(self, key: str) -> str | None:
+        return self.plans[0].param_of(key)
+
+    def spec(self, key: str) -> tuple[tuple, torch.dtype]:
+        shape, dtype = self.plans[0].spec(key)
+        return (tuple(self.split[key]["shape"]) if key in self.split else shape), dtype
+
+    def tensor(self, key: str) -> torch.Tensor:
+        if key not in self.split:
+            return self.plans[0].tensor(key)
+        record = self.split[key]
+        whole = torch.cat([plan.tensor(key) for plan in self.plans], dim=record["dim"])
+        if list(whole.shape) != list(record["shape"]):
+            raise CheckpointError(f"{key}: the tensor ranks' pieces join to shape {tuple(whole.shape)}, the checkpoint "
+                                  f"records {tuple(record['shape'])}; the checkpoint is corrupted")
+        return model_order(whole, self.size, record["parts"]) if record["parts"] > 1 else whole
+
+
+def _plans(ckpt_dir, tag) -> tuple[Path, list[ModelFiles]]:
+    """A _Plan (or _TensorJoin of one per tensor rank) per pipeline stage."""
     path = _folder(ckpt_dir, tag)
     verify_checkpoint(path)
-    return path, [_Plan(path, prefix) for prefix in pipeline_prefixes(path)]
+    return path, [_Plan(path, ranks[0][1]) if ranks[0][0] is None else _TensorJoin(path, ranks)
+                  for ranks in model_file_sets(path)]
 
 
 def consolidated_entries(ckpt_dir, tag: str | None = None):
@@ -206,7 +301,10 @@ def consolidate_checkpoint(ckpt_dir, tag: str | None = None) -> dict[str, torch.
     """Full fp32 state dict of the model in a checkpoint, in memory. Tied parameters appear
     under each of their names as one shared tensor (names the checkpoint does not record are
     absent). `zerotrain consolidate` streams instead (consolidated_entries)."""
-    _, plans = _plans(ckpt_dir, tag)
+    return _consolidated(*_plans(ckpt_dir, tag))
+
+
+def _consolidated(path: Path, plans: list[ModelFiles]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for plan in plans:
         made: dict[str, torch.Tensor] = {}
@@ -227,13 +325,12 @@ def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, ckpt_dir, tag: 
     """DeepSpeed's zero_to_fp32 helper: put the checkpoint's fp32 weights into `model` (cast to
     its dtype; missing and unexpected keys are errors) and return it. For a model that is not
     (or no longer) sharded: at stage 3, gather its parameters first."""
-    state = consolidate_checkpoint(ckpt_dir, tag)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    states = _model_states(_folder(ckpt_dir, tag))[0]
-    if states.get("frozen_excluded"):  # frozen weights left out on purpose keep the model's values
-        missing = [k for k in missing if k not in set(states.get("frozen", ()))]
+    path, plans = _plans(ckpt_dir, tag)
+    missing, unexpected = model.load_state_dict(_consolidated(path, plans), strict=False)
+    excluded = set().union(*(plan.frozen for plan in plans))  # frozen weights left out on purpose keep the model's
+    missing = [k for k in missing if k not in excluded]
     if missing or unexpected:
-        raise CheckpointError(f"{_folder(ckpt_dir, tag)} does not match the model: missing keys {missing[:5]}, "
+        raise CheckpointError(f"{path} does not match the model: missing keys {missing[:5]}, "
                               f"unexpected keys {unexpected[:5]}")
     return model
 
@@ -243,9 +340,10 @@ def convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, output_dir, tag: str | 
                                                safe_serialization: bool = False) -> Path:
     """DeepSpeed's zero_to_fp32 entry point: the full fp32 weights into OUTPUT_DIR as
     pytorch_model.bin (tied weights saved once) or, with safe_serialization, model.safetensors."""
-    tensors = consolidate_checkpoint(ckpt_dir, tag)
+    path, plans = _plans(ckpt_dir, tag)
+    tensors = _consolidated(path, plans)
     if exclude_frozen_parameters:
-        frozen = set(_model_states(_folder(ckpt_dir, tag))[0].get("frozen", ()))  # every alias of each
+        frozen = set().union(*(plan.all_frozen for plan in plans))  # every alias of each
         tensors = {k: v for k, v in tensors.items() if k not in frozen}
     out = Path(output_dir)
     if safe_serialization:

@@ -19,7 +19,8 @@ again after the split.
 The rest of zerotrain sees DTensor parameters only through this module: `is_sharded`,
 `local` (the plain tensor a rank holds, which ZeRO lays into its flat buffers), `rebind`
 (make that tensor a view of a flat buffer), `like` (a gradient over such a view), `full`,
-and the per-rank checkpoint state (`rank_state_dict`, `load_rank_state_dict`).
+and the per-rank checkpoint state (`rank_state_dict`, `load_rank_state_dict`, and
+`split_record`: which dimension each piece is cut on, for joining them offline).
 """
 
 from __future__ import annotations
@@ -167,13 +168,30 @@ def full(t: torch.Tensor) -> torch.Tensor:
     fused parts back in the model's order."""
     if not isinstance(t, DTensor):
         return t
-    whole = t.full_tensor()
     parts = getattr(t, FUSED, None)
-    if parts:
-        size = t.device_mesh.size()
-        rows = whole.shape[0]
-        whole = whole.reshape(size, parts, rows // (size * parts), -1).transpose(0, 1).reshape(t.shape)
-    return whole
+    return model_order(t.full_tensor(), t.device_mesh.size(), parts) if parts else t.full_tensor()
+
+
+def model_order(whole: torch.Tensor, size: int, parts: int) -> torch.Tensor:
+    """A fused_colwise tensor's rows from its rank-major order ([q_0; k_0; v_0; q_1; ...], the
+    tensor ranks' pieces one after another) back in the model's ([q; k; v])."""
+    rows = whole.shape[0]
+    return whole.reshape(size, parts, rows // (size * parts), -1).transpose(0, 1).reshape(whole.shape)
+
+
+def split_record(module: nn.Module) -> dict | None:
+    """How the module state's DTensors are cut over the tensor ranks, as plain data for a
+    checkpoint (so `zerotrain consolidate` joins the pieces without the model): {"size": T,
+    "rank": r, "split": {key: {"dim": d, "shape": [whole shape], "parts": p}}}, replicated
+    ones left out (every rank holds them whole); None when the module has no DTensor."""
+    split, mesh = {}, None
+    for key, value in module.state_dict(keep_vars=True).items():  # the parameters themselves: FUSED kept
+        if isinstance(value, DTensor):
+            mesh = value.device_mesh
+            shards = [p.dim % value.ndim for p in value.placements if isinstance(p, Shard)]
+            if shards:
+                split[key] = {"dim": shards[0], "shape": list(value.shape), "parts": getattr(value, FUSED, 1)}
+    return None if mesh is None else {"size": mesh.size(), "rank": mesh.get_local_rank(), "split": split}
 
 
 def rank_state_dict(module: nn.Module) -> dict:

@@ -18,7 +18,8 @@ set each, named with the engine's `checkpoint_prefix` (`pipe_01-model_states.pt`
 the global rank.
 
 Everything is plain tensors and Python containers, so loading uses weights_only=True (a
-tensor-parallel DTensor is saved as the piece its rank holds: comm/tensor_parallel.py).
+tensor-parallel DTensor is saved as the piece its rank holds, and model_states.pt's
+"tensor_split" says which dimension it is cut on: comm/tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import random
 import numpy as np
 import torch
 
-from ..comm.tensor_parallel import load_rank_state_dict, rank_state_dict
+from ..comm.tensor_parallel import load_rank_state_dict, rank_state_dict, split_record
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
@@ -148,6 +149,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
             writer.save(f"{prefix}model_states.pt", {
                 "module": {k: v for k, v in rank_state_dict(engine.module).items()
                            if k not in sharded and k not in excluded},
+                "tensor_split": split_record(engine.module),  # None, or how its DTensors' pieces join
                 "frozen": frozen,  # names of the parameters that do not train
                 "frozen_excluded": exclude_frozen,  # ... and left out of "module"
                 "global_steps": engine.global_steps,
