@@ -10,11 +10,12 @@ The layers are the model's own modules (the trainer has built the whole model on
 each rank then keeps only its stages' weights). With --tensor_parallel_size T the world is
 pipe x data x tensor (the mesh's order, tensor fastest) and each stage's projections are split
 T ways at initialize by the whole model's plan (zerotrain's, or the HF config's
-base_model_tp_plan: "layers.*.self_attn.q_proj" is the stage's "5.layer.self_attn.q_proj"),
-checked before anything is split; the embedding and head stay whole. Tied token embeddings become one
-TiedLayerSpec key, so their gradients are summed over the first and last stage. The model's
-own names of this rank's weights are read by identity before training (`names`), so the
-stages' state dicts can be saved as the model's.
+base_model_tp_plan), read and checked before anything is split and renamed to the stages'
+modules (a LLaMA's "model.layers.1.self_attn.q_proj" is "3.layer.self_attn.q_proj"); the
+embedding and head stay whole. Tied token embeddings become one TiedLayerSpec key, so their
+gradients are summed over the first and last stage. The model's own names of this rank's
+weights are read by identity before training (`names`), so the stages' state dicts can be
+saved as the model's.
 """
 
 from __future__ import annotations
