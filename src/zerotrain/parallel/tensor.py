@@ -34,12 +34,13 @@ from .tensor_plan import tensor_plan
 log = logging.getLogger("zerotrain")
 
 
-def split_model(model: torch.nn.Module, mesh: ParallelMesh, vocab: bool | None = False
-                ) -> tuple[dict[int, torch.nn.Parameter], bool]:
+def split_model(model: torch.nn.Module, mesh: ParallelMesh, vocab: bool | None = False,
+                plan: dict[str, str] | None = None) -> tuple[dict[int, torch.nn.Parameter], bool]:
     """Split `model` in place over the mesh's tensor dimension (the vocabulary too as `vocab`
-    says: tensor_plan.py); ({id(old parameter): new one} for the parameters that became
-    DTensors (optimizer groups built before still name the old), whether the vocabulary is split)."""
-    plan, why = tensor_plan(model, mesh.size("tensor"), vocab)
+    says: tensor_plan.py; by `plan` when given, else by the plan read from the model);
+    ({id(old parameter): new one} for the parameters that became DTensors (optimizer groups
+    built before still name the old), whether the vocabulary is split)."""
+    plan, why = tensor_plan(model, mesh.size("tensor"), vocab, plan)
     if why is not None and mesh.state.rank == 0:
         log.info("tensor_parallel: the embedding and LM head stay whole on every tensor rank (%s)", why)
     before = dict(model.named_parameters())

@@ -114,18 +114,23 @@ def vocab_plan(model: nn.Module, size: int, vocab: bool | None) -> tuple[dict[st
     return {paths[id(layers[0])]: "vocab_embedding", paths[id(layers[1])]: "vocab_head"}, None
 
 
-def tensor_plan(model: nn.Module, size: int, vocab: bool | None = False) -> tuple[dict[str, str], str | None]:
+def tensor_plan(model: nn.Module, size: int, vocab: bool | None = False,
+                given: dict[str, str] | None = None) -> tuple[dict[str, str], str | None]:
     """The split of `model` over `size` tensor ranks, checked; and why the vocabulary is not
-    split (None when it is, or when vocab is False)."""
-    plan = _zerotrain_plan(model, size) or _hf_plan(model, size)
-    if not plan:
+    split (None when it is, or when vocab is False). `given`: the plan, already read from the
+    whole model (a pipeline stage's share of it, which may be empty), instead of reading one."""
+    plan = dict(given) if given is not None else _zerotrain_plan(model, size) or _hf_plan(model, size)
+    if not plan and given is None:
         raise ConfigError(f"tensor_parallel: {type(model).__name__} has no tensor-parallel plan (zerotrain splits its "
                           "GPT and BERT, and HF models whose config has a base_model_tp_plan: LLaMA, Qwen, Mistral, "
                           "...); use one of those or remove tensor_parallel (--tensor_parallel_size 1)")
     vocab_split, why = vocab_plan(model, size, vocab)
     modules = dict(model.named_modules())
     for path, style in plan.items():
-        layer = modules[path]
+        layer = modules.get(path)
+        if layer is None:
+            raise ConfigError(f"tensor_parallel: the plan names {path}, which is not a module of "
+                              f"{type(model).__name__}; name its modules as named_modules() does")
         if style == "shared_input":
             continue
         if not isinstance(layer, nn.Linear):

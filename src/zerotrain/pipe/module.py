@@ -17,6 +17,11 @@ progressive layer drop with one mask for the whole pipeline,
 the very mask (and scaling) a LayerDrop block list of the same D blocks draws, so every stage
 and every data-parallel rank drops the same layers. When no layer names `curriculum_seqlen`,
 the engine cuts the batch and the labels to it before the first stage instead.
+
+With a tensor axis in the topology each stage's layers are split over it at initialize, by
+the plan read from them (parallel/tensor_plan.py), or by `tensor_plan` ({path under these
+names: style}, for the whole layer list; each rank uses the entries of the layers it holds):
+the trainer reads an HF model's plan from the whole model and names its modules this way.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ class PipelineModule(nn.Module):
                  seed_fn=None, base_seed: int = 1234, partition_method: str = "parameters",
                  activation_checkpoint_interval: int = 0, activation_checkpoint_func=None,
                  checkpointable_layers: list[str] | None = None, dynamic_shape: bool = False,
-                 droppable_layers: str | None = None, virtual_stages: int = 1, placement: str = "loop"):
+                 droppable_layers: str | None = None, virtual_stages: int = 1, placement: str = "loop",
+                 tensor_plan: dict[str, str] | None = None):
         super().__init__()
         specs = list(layers.children() if isinstance(layers, nn.Sequential) else layers)
         if num_stages is None and topology is None:
@@ -106,6 +112,7 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_func = activation_checkpoint_func
         self.checkpointable_layers = checkpointable_layers
         self.use_reentrant = False
+        self.tensor_plan = dict(tensor_plan) if tensor_plan is not None else None
         self.mesh = ParallelMesh(state, pipe=num_stages, tensor=tensor)
         self._layer_specs = specs
         self.parts = partition(specs, total, partition_method, trainable_count)
@@ -183,6 +190,18 @@ class PipelineModule(nn.Module):
                 obj = getattr(obj, part)
             out.append(obj)
         return out
+
+    def held_tensor_plan(self) -> dict[str, str] | None:
+        """The entries of `tensor_plan` whose layer this rank holds (None: no plan was given,
+        the split is read from the layers)."""
+        if self.tensor_plan is None:
+            return None
+
+        def held(path: str) -> bool:
+            head, _, rest = path.partition(".")
+            return rest.partition(".")[0] in self.tied_modules if head == "tied_modules" else head in self._modules
+
+        return {path: style for path, style in self.tensor_plan.items() if held(path)}
 
     def partitions(self) -> list[int]:
         return self.parts

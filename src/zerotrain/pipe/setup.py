@@ -81,7 +81,7 @@ def pipeline_layout(module, comm, mpu=None) -> Layout:
         if tensor > 1:
             for t in list(module.parameters()) + list(module.buffers()):
                 tensor_comm.broadcast(t.data)
-            replaced.update(split_model(module, mesh)[0])
+            replaced.update(split_model(module, mesh, plan=module.held_tensor_plan())[0])
 
     def uncounted() -> list:
         out = {id(p): p for p in ties.uncounted()}

@@ -149,10 +149,11 @@ class TrainingArguments:
         None, "Continue a run: a checkpoint folder, or `latest` for the newest one in output_dir.")
     gradient_checkpointing: bool = _opt(False, "Recompute each block's activations in backward to save memory.")
     pipeline_parallel_size: int = _opt(1, "Pipeline stages: the model's blocks are split into this many stages "
-                                          "(embedding first, head last); processes = data parallel x stages.")
+                                          "(embedding first, head last); with --tensor_parallel_size each stage's "
+                                          "projections are split too; processes = data parallel x stages x tensor.")
     tensor_parallel_size: int = _opt(1, "Tensor-parallel ranks: each block's attention and MLP projections are split "
-                                        "across them (DeepSpeed's tensor_parallel.autotp_size); processes = data "
-                                        "parallel x tensor.")
+                                        "across them (DeepSpeed's tensor_parallel.autotp_size), in every pipeline "
+                                        "stage; processes = data parallel x stages x tensor.")
     ddp_timeout: int = _opt(1800, "Seconds a collective may wait before the process group gives up.")
     ddp_find_unused_parameters: bool | None = _opt(
         None, "Allow parameters that get no gradient in a step (default true); false makes such a "

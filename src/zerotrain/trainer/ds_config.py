@@ -126,6 +126,18 @@ def tensor_parallel_option(args, explicit: set[str]) -> int:
     return args.tensor_parallel_size
 
 
+def data_parallel_size(args, explicit: set[str], world_size: int) -> int:
+    """The data-parallel ranks among `world_size` processes once they are split into pipeline
+    stages and tensor ranks (the mesh's pipe x data x tensor); one line when they do not divide."""
+    stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit)
+    if world_size % (stages * tensor):
+        what = " with ".join(f"--{name}_parallel_size {size}" for name, size in (("pipeline", stages),
+                                                                                ("tensor", tensor)) if size > 1)
+        raise ConfigError(f"{what}: the {world_size} processes are not a multiple of {stages * tensor}; launch a "
+                          f"multiple of {stages * tensor} (data parallel x pipeline x tensor)")
+    return world_size // (stages * tensor)
+
+
 def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
                            block_size) -> tuple[dict, bool]:
     """(config for zerotrain.initialize, whether its scheduler block drives the LR). The

@@ -7,10 +7,15 @@ block list, embedding in the first stage, head in the last.
     HF GPT-2          [wte*] [wpe] [GPT2Block] x L [ln_f] [wte* as lm_head]
 
 The layers are the model's own modules (the trainer has built the whole model on every rank;
-each rank then keeps only its stages' weights). Tied token embeddings become one
-TiedLayerSpec key, so their gradients are summed over the first and last stage. The model's
-own names of this rank's weights are read by identity before training (`names`), so the
-stages' state dicts can be saved as the model's.
+each rank then keeps only its stages' weights). With --tensor_parallel_size T the world is
+pipe x data x tensor (the mesh's order, tensor fastest) and each stage's projections are split
+T ways at initialize by the whole model's plan (zerotrain's, or the HF config's
+base_model_tp_plan), read and checked before anything is split and renamed to the stages'
+modules (a LLaMA's "model.layers.1.self_attn.q_proj" is "3.layer.self_attn.q_proj"); the
+embedding and head stay whole. Tied token embeddings become one TiedLayerSpec key, so their
+gradients are summed over the first and last stage. The model's own names of this rank's
+weights are read by identity before training (`names`), so the stages' state dicts can be
+saved as the model's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..pipe import PipelineModule
+from ..pipe import PipeModelDataParallelTopology, PipelineModule
 from ..pipe.spec import TiedLayerSpec
 
 
@@ -138,8 +143,27 @@ def _hf_decoder(model):
     return [embed_layer, *first, *wrapped, *top, head], _gpt_loss
 
 
-def split_model(model: nn.Module, kind: str, task: str, stages: int, pipeline_cfg: dict | None = None):
-    """(PipelineModule, names): names maps its state-dict keys on this rank to the model's."""
+def _stage_plan(model: nn.Module, layers: list, tensor: int) -> dict[str, str]:
+    """The whole model's tensor-parallel plan (its heads and widths checked), under the
+    PipelineModule's names of the same modules: layer i is "i", a tied layer "tied_modules.<key>"."""
+    from ..parallel.tensor_plan import tensor_plan
+
+    plan, _ = tensor_plan(model, tensor)  # the vocabulary stays whole: a stage holds the embedding or the head
+    where: dict[int, str] = {}
+    for idx, layer in enumerate(layers):
+        tied = isinstance(layer, _Existing)
+        module, prefix = (layer.module, f"tied_modules.{layer.key}") if tied else (layer, str(idx))
+        for path, sub in module.named_modules(prefix=prefix):
+            where.setdefault(id(sub), path)
+    modules = dict(model.named_modules())
+    return {where[id(modules[path])]: style for path, style in plan.items()}
+
+
+def split_model(model: nn.Module, kind: str, task: str, stages: int, pipeline_cfg: dict | None = None,
+                tensor: int = 1, data: int = 1):
+    """(PipelineModule, names): names maps its state-dict keys on this rank to the model's.
+    With `tensor` > 1 the world is stages x data x tensor, each stage's blocks split over the
+    tensor ranks by the model's own plan."""
     if kind == "gpt" and task == "clm":
         layers, loss = _ours_gpt(model)
     elif kind == "bert" and task == "mlm":
@@ -149,14 +173,17 @@ def split_model(model: nn.Module, kind: str, task: str, stages: int, pipeline_cf
     else:
         raise ConfigError(f"--pipeline_parallel_size: a {kind} model for task {task} cannot be split; use a GPT "
                           "or HF decoder (clm) or a BERT (mlm), or --pipeline_parallel_size 1")
+    plan = _stage_plan(model, layers, tensor) if tensor > 1 else None
     own = {}
     for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
         own.setdefault(id(t), name)  # a tied weight: its first name
     cfg = pipeline_cfg or {}
     partition = cfg.get("partition", "best")
-    net = PipelineModule(layers, num_stages=stages, loss_fn=loss, seed_layers=bool(cfg.get("seed_layers", False)),
+    topology = PipeModelDataParallelTopology(stages, tensor, data) if tensor > 1 else None
+    net = PipelineModule(layers, num_stages=None if topology else stages, topology=topology, loss_fn=loss,
+                         seed_layers=bool(cfg.get("seed_layers", False)),
                          partition_method="parameters" if partition == "best" else partition,
-                         droppable_layers=f"type:^({'|'.join(_block_types(layers))})$")
+                         droppable_layers=f"type:^({'|'.join(_block_types(layers))})$", tensor_plan=plan)
     names = {name: own[id(t)] for name, t in list(net.named_parameters(remove_duplicate=False))
              + list(net.named_buffers()) if id(t) in own}
     keep = {id(t) for t in list(net.parameters()) + list(net.buffers())}
@@ -185,8 +212,9 @@ class PipelineMicroBatches:
     """The trainer's micro-batch runner (loop/step.py MicroBatches) for a pipeline: it holds a
     step's micro-batches and the last one runs engine.train_batch over all of them. The step's
     mean loss is reported once per micro-batch (x accumulation at the last, 0 before), so the
-    trainer's mean over every rank's micro-batches is that mean; tokens are counted where the
-    first stage reads them, once."""
+    trainer's mean over every rank's micro-batches is that mean; tokens are counted once, by
+    the first stage's tensor rank 0, after the step, at the step's curriculum length (the one
+    definition, features.batch.count_tokens)."""
 
     def __init__(self, engine, keys, kind: str, task: str, tokenizer, mlm_probability: float):
         self.engine, self.keys, self.kind = engine, keys, kind
@@ -198,6 +226,7 @@ class PipelineMicroBatches:
         return len(self.piped) + 1 == self.engine.gradient_accumulation_steps()
 
     def run(self, batch: dict) -> None:
+        from ..features.batch import count_tokens
         from .data.collate import mask_tokens
         from .loop.step import forward_inputs
 
@@ -205,15 +234,15 @@ class PipelineMicroBatches:
         if self.task == "mlm":
             batch = mask_tokens(batch, self.tokenizer, self.mlm_probability)
         self.piped.append(_pair(forward_inputs(batch, self.keys, engine.device), self.kind))
-        ga = engine.gradient_accumulation_steps()
-        if len(self.piped) == ga:
-            pairs, self.piped = self.piped, []
-            self.sums[0] += engine.train_batch(iter(pairs)).item() * ga
         self.sums[1] += 1
-        if engine.is_first_stage():
-            cut = engine.feature_value("curriculum_seqlen")
-            mask = batch["attention_mask"] if "attention_mask" in batch else torch.ones_like(batch["input_ids"])
-            self.sums[2] += int(mask[:, :cut].sum()) if cut else int(mask.sum())
+        ga = engine.gradient_accumulation_steps()
+        if len(self.piped) < ga:
+            return
+        pairs, self.piped = self.piped, []
+        self.sums[0] += engine.train_batch(iter(pairs)).item() * ga
+        if engine.is_first_stage() and not engine.input_replica:  # a tensor rank > 0 reads the same batches
+            cut = {"curriculum_seqlen": engine.feature_value("curriculum_seqlen")}
+            self.sums[2] += sum(count_tokens((x[0] if isinstance(x, tuple) else x,), cut) for x, _ in pairs)
 
     def take(self) -> torch.Tensor:
         out = self.sums.clone()
@@ -257,9 +286,11 @@ def evaluate_pipeline(engine, dataset, *, collator, keys, kind: str, task: str, 
 
 
 def whole_state(engine, state: dict, names: dict[str, str]) -> dict:
-    """The model's full state dict on every rank, from the stages' (data-parallel rank 0 of
-    each stage sends its part, under the model's names)."""
-    mine = {names.get(k, k): v.cpu() for k, v in state.items()} if engine.grid.get_data_parallel_rank() == 0 else {}
+    """The model's full state dict on every rank, from the stages' (data-parallel and tensor
+    rank 0 of each stage sends its part, whole and under the model's names)."""
+    grid = engine.grid
+    sends = grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0
+    mine = {names.get(k, k): v.cpu() for k, v in state.items()} if sends else {}
     whole: dict = {}
     for part in engine.comm.all_gather_object(mine):
         for k, v in part.items():

@@ -56,13 +56,14 @@ def check_deepspeed_config(train_args: TrainingArguments, explicit: set[str], wo
                            block_size: int | None) -> None:
     from ..config import load_config
     from ..schedules import get_scheduler, resolve_warmup_steps
-    from .ds_config import build_deepspeed_config, fill_schedule
+    from .ds_config import build_deepspeed_config, data_parallel_size, fill_schedule
 
     args = copy.copy(train_args)  # the config may adopt values into the options: not here
-    ds, uses_ds_scheduler = build_deepspeed_config(args, explicit, world_size, _HIDDEN, block_size or _BLOCK)
+    data = data_parallel_size(args, explicit, world_size)  # the batch counts data-parallel ranks
+    ds, uses_ds_scheduler = build_deepspeed_config(args, explicit, data, _HIDDEN, block_size or _BLOCK)
     total = args.max_steps if args.max_steps > 0 else _STEPS
     warmup = resolve_warmup_steps(total, args.warmup_steps, args.warmup_ratio)
-    load_config(fill_schedule(ds, warmup, total), world_size=world_size)
+    load_config(fill_schedule(ds, warmup, total), world_size=data)
     if uses_ds_scheduler:
         return
     stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.learning_rate)

@@ -27,6 +27,17 @@ def test_gpt_blocks_are_split_and_the_head_stays_whole_when_asked():
                     "blocks.1.fc": "colwise", "blocks.1.fc_out": "rowwise"}
 
 
+def test_a_given_plan_is_checked_against_the_model_it_splits():
+    """A pipeline stage's share of the whole model's plan (PipelineModule(tensor_plan=...))."""
+    gpt = GPT(GPTConfig.preset("tiny"))
+    assert tensor_plan(gpt, 2, given={"blocks.1.fc": "colwise"}) == ({"blocks.1.fc": "colwise"}, None)
+    assert tensor_plan(gpt, 2, given={}) == ({}, None)  # a stage with nothing to split
+    with pytest.raises(ConfigError, match=r"^tensor_parallel: the plan names blocks.7.fc, which is not a module of GPT;"):
+        tensor_plan(gpt, 2, given={"blocks.7.fc": "colwise"})
+    with pytest.raises(ConfigError, match=r"blocks.1.ln_1 is a LayerNorm, not a Linear"):
+        tensor_plan(gpt, 2, given={"blocks.1.ln_1": "colwise"})
+
+
 def test_hf_plan_comes_from_the_config_and_reaches_into_wrappers():
     wrapped = torch.nn.ModuleDict({"inner": _llama()})
     plan, _ = tensor_plan(wrapped, 2)

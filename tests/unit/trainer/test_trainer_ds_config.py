@@ -9,7 +9,7 @@ import pytest
 from zerotrain.config import load_config
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.args import TrainingArguments
-from zerotrain.trainer.ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
+from zerotrain.trainer.ds_config import build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule
 
 
 def build(ds, explicit=(), world=2, **options):
@@ -188,3 +188,14 @@ def test_misspelt_auto_key_is_an_unknown_key():
         with pytest.raises(ConfigError) as err:
             check_no_auto_left(cfg)
         assert str(err.value) == message
+
+
+def test_the_batch_counts_data_parallel_ranks_of_pipeline_x_tensor():
+    args = TrainingArguments(output_dir="o", pipeline_parallel_size=2, tensor_parallel_size=2)
+    assert data_parallel_size(args, set(), 8) == 2
+    with pytest.raises(ConfigError) as e:
+        data_parallel_size(args, set(), 6)
+    assert str(e.value) == ("--pipeline_parallel_size 2 with --tensor_parallel_size 2: the 6 processes are not a "
+                            "multiple of 4; launch a multiple of 4 (data parallel x pipeline x tensor)")
+    with pytest.raises(ConfigError, match="^--tensor_parallel_size 2: the 3 processes are not a multiple of 2;"):
+        data_parallel_size(TrainingArguments(output_dir="o", tensor_parallel_size=2), set(), 3)

@@ -42,8 +42,8 @@ from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
 from ..data.sampler import TrainSampler, sample_lengths
-from ..ds_config import (build_deepspeed_config, check_no_auto_left, fill_schedule, model_hidden_size, sample_length,
-                         tensor_parallel_option)
+from ..ds_config import (build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule,
+                         model_hidden_size, sample_length)
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
@@ -94,15 +94,8 @@ class Trainer(SavesAndResumes):
         if resuming:
             run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
         explicit = explicit if explicit is not None else _explicit_of(args)
-        stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit)
-        if stages > 1 and tensor > 1:
-            raise ConfigError(f"--pipeline_parallel_size {stages} with --tensor_parallel_size {tensor}: the trainer "
-                              "does not combine them yet; use one (or build a zerotrain.pipe.PipelineModule)")
-        if self.comm.world_size % (stages * tensor):
-            what = f"--pipeline_parallel_size {stages}" if stages > 1 else f"--tensor_parallel_size {tensor}"
-            raise ConfigError(f"{what}: the {self.comm.world_size} processes are not a multiple of it; launch a "
-                              f"multiple of {stages * tensor}")
-        world = self.comm.world_size // (stages * tensor)  # data-parallel ranks (the mesh's pipe x data x tensor)
+        world = data_parallel_size(args, explicit, self.comm.world_size)  # the mesh's pipe x data x tensor
+        stages, tensor = args.pipeline_parallel_size, args.tensor_parallel_size
         self.data_rank, self.data_world = self.comm.rank // tensor % world, world
         ds, uses_ds_scheduler = build_deepspeed_config(args, explicit,
                                                        world, self.info.hidden_size or model_hidden_size(model),
@@ -127,7 +120,8 @@ class Trainer(SavesAndResumes):
         if stages > 1:
             from ..pipeline_split import split_model
 
-            trained, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"))
+            trained, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"), tensor,
+                                                   world)
         self.steps_per_epoch = self.micro_per_epoch // ga
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))

@@ -51,11 +51,14 @@ def banner(engine, model, task: str, total_steps: int, nodes: int) -> str:
                        if total_bytes(measured, place))
     procs = f"{world} process{'es' if world > 1 else ''} on {nodes} node{'s' if nodes > 1 else ''}"
     micro, accumulation = cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
+    data = cfg.train_batch_size // (micro * accumulation)  # pipeline stages and tensor ranks share a batch
+    readers = f"{world} process{'es' if world > 1 else ''}" if data == world else \
+        f"{data} data-parallel rank{'s' if data > 1 else ''}"
     lines = [
         f"zerotrain: {type(model).__name__}, {total / 1e6:.2f}M parameters ({trained:,} trained), task {task}",
         f"  {procs} | ZeRO stage {stage} | offload: optimizer {opt_off}, parameters {param_off} | {_precision(cfg)}",
-        f"  batch: {micro} per process x {accumulation} accumulation x {world} process{'es' if world > 1 else ''} "
-        f"= {cfg.train_batch_size} per step | {total_steps} steps",
+        f"  batch: {micro} per process x {accumulation} accumulation x {readers} = {cfg.train_batch_size} per step"
+        f" | {total_steps} steps",
         f"  model states per process: estimated {est} after a step; measured "
         f"{human_bytes(total_bytes(measured))}{f' ({places})' if places else ''} now (optimizer state comes "
         "with the first step)",

@@ -50,3 +50,22 @@ def test_models_that_cannot_be_split():
     model, info = models.build_model(None, "bert-tiny", "classification", byte_tokenizer(), num_labels=2)
     with pytest.raises(ConfigError, match="a bert model for task classification cannot be split"):
         split_model(model, info.kind, "classification", 2)
+
+
+@pytest.mark.parametrize("preset, config, tensor, message", [
+    ("llama-tiny", {}, 3, "tensor_parallel.autotp_size 3: the model has 4 attention heads, not divisible by 3; set "),
+    ("llama-tiny", {"num_key_value_heads": 4, "intermediate_size": 130}, 4,
+     "tensor_parallel.autotp_size 4: model.layers.0.mlp.gate_proj has 130 output features, not divisible by 4; "),
+    ("gpt-tiny", {}, 4, "tensor_parallel.autotp_size 4: the model has 2 attention heads, not divisible by 4; "),
+    ("gpt2-tiny", {}, 2, "tensor_parallel: GPT2LMHeadModel has no tensor-parallel plan "),
+])
+def test_stages_that_cannot_be_split_across_tensor_ranks(tmp_path, preset, config, tensor, message):
+    """Checked on the whole model, before any stage is built (one process can check it)."""
+    import json
+
+    spec = tmp_path / "model.json"
+    spec.write_text(json.dumps({**models.PRESETS[preset], **config}))
+    model, info = models.build_model(None, str(spec), "clm", byte_tokenizer())
+    with pytest.raises(ConfigError) as e:
+        split_model(model, info.kind, "clm", 2, tensor=tensor)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
