@@ -64,3 +64,56 @@ def test_a_saved_model_streams_into_stage3_chunks(world2, tmp_path, kind):
         assert w["held_before_initialize"] >= 4 * total * 0.9
         assert s["losses"] == w["losses"]
         assert_params_close(s["params"], w["params"], rtol=0)
+
+
+def save_streamed(folder: str, out: str) -> dict:
+    """Train 2 steps at stage 3, then save the model folder as the trainer does there: one
+    parameter gathered whole at a time. Returns the most parameters ever whole during a fetch
+    and the gathered state dict to compare the file with."""
+    from pathlib import Path
+
+    from zerotrain.trainer.model.build import load_model, save_model_streamed
+
+    rank, world = rank_and_world()
+    model, info = load_model(folder, "clm")
+    cfg = base_config(4, 4 // world, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    engine, *_ = zerotrain.initialize(model=model, config=cfg)
+    for step in range(2):
+        batch = global_batch(step, 4)[rank * 2:(rank + 1) * 2]
+        out_ = engine(input_ids=batch, labels=batch)
+        engine.backward(out_.loss if hasattr(out_, "loss") else out_)
+        engine.step()
+    whole = engine.strategy.gatherer.whole
+    most = [0]
+
+    def counted(fetch):
+        def run():
+            t = fetch()
+            most[0] = max(most[0], len(whole) + 1)  # the one just fetched was released already
+            return t
+        return run
+
+    entries = [(k, shape, dtype, counted(f)) for k, shape, dtype, f in engine.module_state_entries()]
+    save_model_streamed(Path(out), model, info, entries, writer=rank == 0)
+    state = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}
+    engine.destroy()
+    return {"most_whole": most[0], "state": state}
+
+
+@pytest.mark.parametrize("kind", ["llama", "ours"])
+def test_stage3_saves_the_model_one_parameter_at_a_time(world2, tmp_path, kind):
+    from zerotrain.trainer.model.build import load_model
+
+    _save(kind, str(tmp_path / kind))
+    results = world2.run(save_streamed, str(tmp_path / kind), str(tmp_path / "saved"))
+    assert all(r["most_whole"] == 1 for r in results)
+    if kind == "llama":  # plain transformers reads the folder
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved")).state_dict()
+    else:
+        loaded = load_model(str(tmp_path / "saved"), "clm")[0].state_dict()
+    trained = results[0]["state"]
+    assert loaded.keys() == trained.keys()
+    for name, value in trained.items():
+        assert torch.equal(loaded[name], value), name

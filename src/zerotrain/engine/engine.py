@@ -301,6 +301,17 @@ class Engine(torch.nn.Module):
         stage 3: every rank must call it)."""
         return self.strategy.full_state_dict(self.module)
 
+    def module_state_entries(self) -> list:
+        """The full module state dict as (name, shape, dtype, fetch) entries, each tensor made
+        whole only by its fetch (checkpoint/safetensors_out.write_safetensors streams them). Under
+        stage 3 every fetch is a collective: every rank calls all of them, in order."""
+        return self.strategy.state_entries(self.module)
+
+    @property
+    def parameters_partitioned(self) -> bool:
+        """True where no rank holds the whole model (ZeRO stage 3)."""
+        return bool(self.strategy.sharded_param_ids())
+
     def train_batch(self, data_iter=None):
         raise TypeError("engine.train_batch runs a pipeline: build the model as zerotrain.pipe.PipelineModule("
                         "layers, num_stages=...); for this model use engine(batch), engine.backward(loss), engine.step()")

@@ -173,6 +173,20 @@ class ShardedParameters(ZeroStrategy):
         with GatheredParameters(self.where_params()):
             return {k: v.clone() for k, v in module.state_dict().items()}
 
+    def state_entries(self, module: torch.nn.Module) -> list:
+        """One parameter whole at a time: each sharded tensor is gathered by its own fetch and
+        released after it, so a model larger than one rank's memory can be written out. Every
+        rank calls every fetch, in order (each is a collective)."""
+        sharded = set(self.where)
+
+        def fetch(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in sharded:
+                return t.detach()
+            with GatheredParameters([t]):
+                return t.data.clone()
+
+        return [(k, tuple(v.shape), v.dtype, lambda v=v: fetch(v)) for k, v in module.state_dict(keep_vars=True).items()]
+
     def release_gathered(self) -> None:
         self.gatherer.release_all(force=True)
 

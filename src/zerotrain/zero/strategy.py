@@ -207,6 +207,11 @@ class ZeroStrategy(ABC):
         """The module state dict with every parameter whole (a collective where sharded)."""
         return module.state_dict()
 
+    def state_entries(self, module: torch.nn.Module) -> list:
+        """(name, shape, dtype, fetch) per tensor of the full state dict, in order; here every
+        tensor is whole already (stage 3 gathers each in its fetch)."""
+        return [(k, tuple(v.shape), v.dtype, lambda v=v: v) for k, v in module.state_dict().items()]
+
     def release_gathered(self) -> None:
         """Release every parameter gathered whole, the persistent ones too (stage 3; the next
         forward gathers what it needs). Stages 0-2 keep parameters whole: nothing to do."""

@@ -44,16 +44,21 @@ class SavesAndResumes:
     def save_model(self, folder: Path | None = None, writer: bool | None = None) -> Path:
         """Weights (or the LoRA adapter) + tokenizer, written by `writer` (default rank 0); a
         collective under ZeRO-3, so every rank calls it."""
-        from ..model.build import save_model
+        from ..model.build import save_model, save_model_streamed
         from ..model.lora import save_adapter
 
         folder = Path(folder) if folder is not None else self.output_dir
+        writer = self.rank0 if writer is None else writer
+        if self.engine.parameters_partitioned and self.lora_config is None and self.pipe_names is None:
+            save_model_streamed(folder, self.model, self.info, self.engine.module_state_entries(), writer,
+                                self.tokenizer)  # one parameter whole at a time
+            return folder
         state = self.engine.module_state_dict()
         if self.pipe_names is not None:  # every stage's weights, under the model's names
             from ..pipeline_split import whole_state
 
             state = whole_state(self.engine, state, self.pipe_names)
-        if self.rank0 if writer is None else writer:
+        if writer:
             if self.lora_config is not None:
                 save_adapter(folder, state, self.lora_config, self.base_model)
                 if self.tokenizer is not None:

@@ -313,8 +313,39 @@ def save_model(folder: Path, model: nn.Module, info: ModelInfo, state: dict, tok
         aliases = _tied_aliases(model)
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items() if k not in aliases}
         save_file(tensors, str(folder / WEIGHTS_FILE))
-        meta = {"model": info.kind, "task": info.task, "config": info.config}
-        (folder / OURS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _write_ours_meta(folder, info)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+
+
+def _write_ours_meta(folder: Path, info: ModelInfo) -> None:
+    meta = {"model": info.kind, "task": info.task, "config": info.config}
+    (folder / OURS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def save_model_streamed(folder: Path, model: nn.Module, info: ModelInfo, entries: list, writer: bool,
+                        tokenizer=None) -> None:
+    """save_model for a model no rank holds whole (ZeRO stage 3): the weights written into
+    model.safetensors one tensor at a time as each is gathered (`entries`, the engine's
+    module_state_entries), so saving never holds the whole model. Every rank calls it; only
+    `writer` writes, the others take part in each tensor's gather."""
+    from ...checkpoint.safetensors_out import write_safetensors
+
+    aliases = _tied_aliases(model)  # tied copies written once, as save_pretrained does
+    entries = [e for e in entries if e[0] not in aliases]
+    if not writer:
+        for *_, fetch in entries:
+            fetch()
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    write_safetensors(entries, folder / WEIGHTS_FILE, overwrite=True)
+    if info.kind == "hf":
+        model.config.architectures = [type(model).__name__]
+        model.config.save_pretrained(str(folder))
+        if model.can_generate() and getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(folder))
+    else:
+        _write_ours_meta(folder, info)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
 
