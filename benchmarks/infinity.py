@@ -1,6 +1,6 @@
 """ZeRO-Infinity at the size of issue 17: a 1.23B-parameter GPT on 2 ranks of this machine.
 
-    python benchmarks/infinity.py [--nvme-path DIR] [--layers 24] [--steps 3] [--skip-cpu] [--skip-trainer] [--skip-resume]
+    python benchmarks/infinity.py [--nvme-path DIR] [--layers 24] [--steps 3] [--skip-cpu] [--skip-trainer] [--skip-resume] [--only-trainer]
 
 The model: zerotrain's GPT, n_embd 2048, 24 layers, 16 heads, vocabulary 8192, 64 positions
 (1.23B parameters), built under `zerotrain.zero.Init()`, bf16, AdamW, ZeRO stage 3 with
@@ -181,6 +181,7 @@ def main() -> int:
     p.add_argument("--sums", action="store_true")
     p.add_argument("--skip-cpu", action="store_true")
     p.add_argument("--skip-trainer", action="store_true")
+    p.add_argument("--only-trainer", action="store_true", help="only the trainer job")
     p.add_argument("--skip-resume", action="store_true", help="stop after nvme (and cpu): no kill, resume, "
                    "consolidate or trainer")
     args = p.parse_args()
@@ -193,6 +194,8 @@ def main() -> int:
     Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
     ok = True
     try:
+        if args.only_trainer:
+            return _done(_trainer(args, work))
         results = {}
         code, _ = torchrun(args, "nvme", work / "nvme.json")
         results["nvme"] = json.loads((work / "nvme.json").read_text())
