@@ -37,6 +37,13 @@ def zero_stage(value) -> int:
     return stage if isinstance(stage, int) else 0
 
 
+def offloads(value) -> bool:
+    """Whether a --deepspeed config offloads parameters or optimizer states (cpu or nvme)."""
+    zero = read_deepspeed(value).get("zero_optimization", {})
+    blocks = [zero.get(k) for k in ("offload_param", "offload_optimizer")] if isinstance(zero, dict) else []
+    return any(isinstance(b, dict) and b.get("device") in ("cpu", "nvme") for b in blocks)
+
+
 def compute_dtype(args):
     """The dtype a run computes in: the config's fp16/bf16 block, or --fp16/--bf16 where it says
     "auto" or has none (None: fp32)."""

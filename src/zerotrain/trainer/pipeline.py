@@ -21,7 +21,8 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
 
     from .loop.glue_metrics import glue_metrics
     from .preflight import check_nodes, preflight
-    from .ds_config import compute_dtype, zero_stage
+    from ..zero.host_memory import return_large_blocks
+    from .ds_config import compute_dtype, offloads, zero_stage
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
     check_nodes(comm)
@@ -34,6 +35,8 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     set_seed(train_args.seed)
     partition = (models.Partition(comm.rank, comm.world_size, compute_dtype(train_args))
                  if zero_stage(train_args.deepspeed) == 3 else None)
+    if partition is not None and offloads(train_args.deepspeed):
+        return_large_blocks()  # before the streamed load, whose temporaries would stay resident (host_memory.py)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
                                      tokenizer, num_labels, partition)
     if info.max_positions is not None and data.block_size > info.max_positions:

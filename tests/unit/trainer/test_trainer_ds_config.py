@@ -9,7 +9,8 @@ import pytest
 from zerotrain.config import load_config
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.args import TrainingArguments
-from zerotrain.trainer.ds_config import build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule
+from zerotrain.trainer.ds_config import (build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule,
+                                        offloads)
 
 
 def build(ds, explicit=(), world=2, **options):
@@ -199,3 +200,16 @@ def test_the_batch_counts_data_parallel_ranks_of_pipeline_x_tensor():
                             "multiple of 4; launch a multiple of 4 (data parallel x pipeline x tensor)")
     with pytest.raises(ConfigError, match="^--tensor_parallel_size 2: the 3 processes are not a multiple of 2;"):
         data_parallel_size(TrainingArguments(output_dir="o", tensor_parallel_size=2), set(), 3)
+
+
+@pytest.mark.parametrize("zero, expected", [
+    ({"stage": 3}, False),
+    ({"stage": 3, "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}, False),
+    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}, True),
+    ({"stage": 3, "offload_optimizer": {"device": "cpu"}}, True),
+])
+def test_offloads_reads_both_offload_blocks(zero, expected):
+    """The trainer fixes malloc's mmap threshold before a stage-3 streamed load only when host
+    memory is the ceiling (zero/host_memory.py)."""
+    assert offloads({"zero_optimization": zero}) is expected
+    assert offloads(None) is False
