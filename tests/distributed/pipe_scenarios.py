@@ -172,7 +172,7 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         engine.load_checkpoint(load)
     dp, d = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_rank()
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-    losses, norms, skipped, seqlens, tokens = [], [], [], [], []
+    losses, norms, skipped, seqlens, tokens, armed = [], [], [], [], [], []
 
     def pairs(step: int) -> list:
         mine = global_batch(step, micro * ga * dp)[d * micro * ga:(d + 1) * micro * ga]
@@ -188,12 +188,13 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         skipped.append(engine.skipped_steps)
         seqlens.append(engine.feature_value("curriculum_seqlen"))
         tokens.append(engine.feature_value("tokens_consumed"))
+        armed.append(engine._armed)  # buckets went out during the last micro-batch's backward
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
             saved = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}  # tensor pieces gathered
     state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
     return {"losses": losses, "norms": norms, "params": state, "skipped": skipped, "seqlens": seqlens, "tokens": tokens,
-            "saved": saved if save is not None else None,
+            "saved": saved if save is not None else None, "armed": armed,
             "stage": engine.grid.get_stage_id(), "data": d, "built": engine._stages.built,
             "first": engine.is_first_stage(), "last": engine.is_last_stage()}
 

@@ -68,6 +68,8 @@ def test_data_and_pipeline_parallel_match_one_process(world4, tmp_path):
         runs = [r[f"zero{stage}"] for r in ranks]
         assert runs[0]["seqlens"] == [4, 6, 8, 10, 12, 14, 16, 16, 16, 16]
         assert runs[0]["built"] == 7  # one stage set per length
+        # ZeRO 0 under 1F1B reduces during the last micro-batch's backward; ZeRO 1 (ties first) after
+        assert all(all(run["armed"]) == (stage == 0) and any(run["armed"]) == (stage == 0) for run in runs)
         assert reference["tokens"][:2] == [8 * 4, 8 * 4 + 8 * 6]  # the global batch at each cut length
         for run in runs:
             assert run["tokens"] == reference["tokens"]  # every token once, on every rank

@@ -57,9 +57,11 @@ def ensure_process_group() -> None:
 
 class _TimedStage(pp.PipelineStage):
     """A PipelineStage that adds the seconds of its forward and backward work to `busy_s`
-    (the schedule calls these after waiting for their inputs, so waiting is not counted)."""
+    (the schedule calls these after waiting for their inputs, so waiting is not counted),
+    and calls `before_last_backward` (when set) before the step's last micro-batch backward."""
 
     busy_s = 0.0
+    before_last_backward = None
 
     def forward_one_chunk(self, *args, **kwargs):
         start = time.perf_counter()
@@ -69,6 +71,8 @@ class _TimedStage(pp.PipelineStage):
             self.busy_s += time.perf_counter() - start
 
     def backward_one_chunk(self, *args, **kwargs):
+        if kwargs.get("last_backward") and self.before_last_backward is not None:
+            self.before_last_backward()
         start = time.perf_counter()
         try:
             return super().backward_one_chunk(*args, **kwargs)
@@ -107,6 +111,14 @@ class Pipeline:
             raise ConfigError(f"pipeline.schedule {schedule} with {n_microbatches} micro-batches per step "
                               f"(gradient_accumulation_steps): {e}") from None
         self.train = train
+        # one stage, whole backwards: its last micro-batch's backward is this rank's last
+        # gradient work of the step (looped stages and split backwards interleave others after it)
+        self.last_backward_is_last = kind.placement == "single" and not kind.zero_bubble
+
+    def before_last_backward(self, hook) -> None:
+        """`hook()` runs just before the step's last backward on this rank (see
+        last_backward_is_last), so gradients can be reduced while that backward runs."""
+        self.stages[0].before_last_backward = hook
 
     @property
     def busy_s(self) -> float:

@@ -9,8 +9,9 @@
       schedule  torch runs every micro-batch's forward and backward; the loss it
                 back-propagates is loss x scale / accumulation x (1 / data-parallel size),
                 as Engine.backward scales it
-      reduce    the ZeRO strategy reduces over the data dimension (all buckets at once, after
-                the schedule) and tied weights are summed over their stages
+      reduce    the ZeRO strategy reduces over the data dimension and tied weights are summed
+                over their stages; at ZeRO 0 under 1F1B or GPipe the buckets go out during the
+                last micro-batch's backward, as its gradients become final
       step      Engine.step: the norm over every stage (parallel/norm.py), overflow skip,
                 clipping, optimizer, LR schedule, counters, features' events
 
@@ -49,6 +50,7 @@ class PipelineEngine(TrainingEngine):
         self.checkpoint_prefix = f"pipe_{self.stage_id:02d}-"
         self._raw_losses: list[torch.Tensor] = []
         self._loss_factor = 1.0
+        self._armed = False  # the reducer was armed during this step's schedule (_arm)
         self._stages = StageCache(module, pipe_config.schedule, self.mesh.group("pipe"), self.device,
                                   self._pipe_loss, pipe_config.max_cached_shapes)
         self.data_iterator = None
@@ -106,16 +108,19 @@ class PipelineEngine(TrainingEngine):
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() under torch.no_grad()")
         self.module.train()
         count = self.gradient_accumulation_steps()
+        self._armed = False
         losses = self._run(data_iter, count, train=True)
         with self._timers("reduce"):
-            # Nothing was reduced during the schedule: begin + end launches every bucket now
-            # and waits for them. At stage 0 the tied copies are summed after that (sums of
-            # all-reduced means are the same sums), so a stage that finishes its schedule early
-            # reduces at once instead of first waiting for the other holder of a tied layer;
-            # at stage 1 only a bucket's owner holds its sum, so ties go first.
+            # At stage 0 the reducer was armed before the last micro-batch's backward when the
+            # schedule allows (_arm), else nothing was reduced during the schedule and begin +
+            # end launches every bucket now; end waits for them. At stage 0 the tied copies are
+            # summed after that (sums of all-reduced means are the same sums), so a stage that
+            # finishes its schedule early reduces at once instead of first waiting for the other
+            # holder of a tied layer; at stage 1 only a bucket's owner holds its sum, so ties go first.
             if self.strategy.stage > 0:
                 self.ties.reduce_grads()
-            self.strategy.begin_backward(True)
+            if not self._armed:
+                self.strategy.begin_backward(True)
             self.strategy.end_backward()
             if self.strategy.stage == 0:
                 self.ties.reduce_grads()
@@ -184,12 +189,19 @@ class PipelineEngine(TrainingEngine):
         target = None
         if self._holds_last:
             target = data.labels if data.labels is not None else torch.zeros(count, device=self.device)
+        early = train and self.strategy.stage == 0 and pipeline.last_backward_is_last
+        pipeline.before_last_backward(self._arm if early else None)
         busy, start = pipeline.busy_s, time.perf_counter()
         with self._timers("pipeline"):
             pipeline.run(data.inputs, target)
         self.stage_run_s = time.perf_counter() - start
         self.stage_busy_s = pipeline.busy_s - busy
         return self._raw_losses[-count:] if self._holds_last else []
+
+    def _arm(self) -> None:
+        """Before this rank's last backward of the step: each bucket is reduced as it completes."""
+        self._armed = True
+        self.strategy.begin_backward(True)
 
     def _pipe_loss(self, output, target):
         """The loss torch's schedule back-propagates; the unscaled value is kept for reporting

@@ -20,7 +20,9 @@ Adam: 2 + 2 + 12), and with nvme host memory holds offload_optimizer.buffer_coun
 (master + state) at once, never a shard: one stepped, one read ahead, the rest being written
 (4: two writes behind; 1: read, step and write one after the other). Those buffers are
 allocated once and reused, block after block. Reads and writes are positional
-(pread/pwrite) on a thread pool, which releases the GIL.
+(pread/pwrite) on a thread pool, which releases the GIL; the kernel is asked to read the
+next READ_AHEAD blocks into its page cache meanwhile (posix_fadvise), so the disk always has
+reads queued.
 Blocks are only correct for optimizers that update each element on its own (SGD, Adam,
 ...); any other optimizer steps each group as one block. State that is not one value per
 element (a client optimizer's counters, scalars) is kept per block as the optimizer left it.
@@ -40,6 +42,7 @@ from .nvme_swap import FileBacked, FileStore, copy_into
 ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Rprop",
                          "ASGD", "UncorrectedAdam"})
 RESIDENT_BLOCK_NUMEL = 1 << 22  # 16 MB of fp32 per temporary gradient block
+READ_AHEAD = 8  # nvme: blocks beyond the one being read handed to the kernel's read-ahead
 
 
 @dataclass
@@ -152,10 +155,17 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         master = buffer[0, : hi - lo]
         futures = [self.pool.submit(self.master_files[gi].read_into, lo, master)]
         state = {}
+        files = [self.master_files[gi]]
         if self.steps[gi]:
             for row, key in enumerate(self.state_keys, 1):
                 state[key] = buffer[row, : hi - lo]
                 futures.append(self.pool.submit(self._state_tensor(gi, key).read_into, lo, state[key]))
+                files.append(self._state_tensor(gi, key))
+        # the kernel reads READ_AHEAD blocks beyond this one meanwhile (each block asked once)
+        n, b = self.groups[gi].numel, self.blocks[gi]
+        ahead = (hi, min(n, hi + READ_AHEAD * b)) if lo == 0 else (lo + READ_AHEAD * b, min(n, hi + READ_AHEAD * b))
+        for f in files:
+            f.will_need(ahead[0], ahead[1] - ahead[0])
         return master, state, futures, buffer
 
     def _grad(self, g: MasterGroup, lo: int, hi: int) -> torch.Tensor:

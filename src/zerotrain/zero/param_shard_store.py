@@ -6,6 +6,7 @@ bounded by offload_param's I/O buffers (IOBuffers)."""
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -13,6 +14,7 @@ from ..errors import ConfigError
 from .nvme_swap import FileStore, copy_into
 
 _KEY = "zero_optimization.offload_param"
+WRITES_BEHIND = 8  # parameter-shard writes queued at most (each one optimizer block)
 
 
 class IOBuffers:
@@ -65,6 +67,8 @@ class ParamStore:
         self.compute_device = torch.device(compute_device)
         self.place = {"none": "device", "cpu": "host", "nvme": "nvme"}[kind]
         self.file = None
+        self._writer: ThreadPoolExecutor | None = None  # nvme: writes behind the optimizer step
+        self._writes: deque[Future] = deque()
         if kind == "nvme":
             self.tensor = None
             self.file = FileStore(folder / f"{name}.bin", numel, dtype)  # a sparse file of zeros
@@ -78,6 +82,7 @@ class ParamStore:
         """Elements [lo, hi) on the compute device (a view when they already live there)."""
         if self.file is None:
             return self.tensor[lo:hi].to(self.compute_device, non_blocking=True)
+        self.flush()
         out = torch.empty(hi - lo, dtype=self.dtype)
         self.file.read_into(lo, out)
         return out.to(self.compute_device)
@@ -98,18 +103,38 @@ class ParamStore:
         """The most elements one read may ask for (a buffer), None when unbounded."""
         return self.io.size if self.io is not None else None
 
+    def will_need(self, lo: int, hi: int) -> None:
+        """Elements [lo, hi) will be read soon (from NVMe: the kernel starts reading them)."""
+        if self.file is not None:
+            self.file.will_need(lo, hi - lo)
+
     def write(self, lo: int, src: torch.Tensor) -> None:
+        """Put `src` at lo. To NVMe the write goes behind (one writer thread, at most
+        WRITES_BEHIND queued): the optimizer steps the next block meanwhile, and every read
+        and checkpoint first waits for the queued writes (flush)."""
         if self.file is None:
             self.tensor[lo : lo + src.numel()].copy_(src)
-        else:
-            self.file.write_from(lo, src.detach().to("cpu", self.dtype))
+            return
+        values = src.detach().to("cpu", self.dtype, copy=True)  # the caller reuses src's buffer
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotrain-param-write")
+        while len(self._writes) >= WRITES_BEHIND:
+            self._writes.popleft().result()
+        self._writes.append(self._writer.submit(self.file.write_from, lo, values))
+
+    def flush(self) -> None:
+        """Wait for every queued write (its error, a full disk say, is raised here)."""
+        while self._writes:
+            self._writes.popleft().result()
 
     def full(self):
         """The whole shard for a checkpoint: a copy, or its file (copied file to file)."""
+        self.flush()
         return self.file if self.file is not None else self.read(0, self.numel).clone()
 
     def load(self, value) -> None:
         """The whole shard from a checkpoint's tensor or RawTensor."""
+        self.flush()
         copy_into(self.file if self.file is not None else self.tensor, value)
 
     @property
@@ -117,5 +142,11 @@ class ParamStore:
         return self.file.nbytes if self.file is not None else 0
 
     def close(self) -> None:
+        if self._writer is not None:
+            try:
+                self.flush()
+            finally:
+                self._writer.shutdown()
+                self._writer = None
         if self.file is not None:
             self.file.close()

@@ -96,6 +96,20 @@ class Gatherer:
         for p in params:
             p.data = self._empty
 
+    @property
+    def reads_files(self) -> bool:
+        """Whether some shard store reads from NVMe (read-ahead is worth asking for)."""
+        return any(store.file is not None for store in self.stores)
+
+    def advise(self, own: dict[int, list[int]]) -> None:
+        """The given parameters will be gathered soon: stores in NVMe start reading them."""
+        for gi, indices in own.items():
+            group, store = self.groups[gi], self.stores[gi]
+            todo = [i for i in indices if id(group.params[i]) not in self.whole
+                    and id(group.params[i]) not in self.in_flight]
+            for lo, hi, _ in group.runs(todo):
+                store.will_need(lo, hi)
+
     def missing_numel(self, own: dict[int, list[int]]) -> int:
         return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
                    if id(self.groups[gi].params[i]) not in self.whole

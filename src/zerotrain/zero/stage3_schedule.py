@@ -29,6 +29,8 @@ from .stage3_gather import Gatherer
 
 EXTERNAL_ATTR = "_zt_external_params"  # declared before initialize: module -> [param]
 
+READ_AHEAD = 8  # prefetch windows of NVMe parameter shards handed to the kernel's read-ahead
+
 # what a module may return besides tensors and still be seen through for gradient hooks
 _TRANSPARENT = (torch.Tensor, int, float, bool, str, type(None))
 
@@ -57,6 +59,7 @@ class GatherSchedule:
         self.owner_params: list[list] = []
         self._traces = {False: [], True: []}  # last pass's module order (forward, backward)
         self._now = {False: [], True: []}
+        self._advised = {False: 0, True: 0}  # trace positions handed to read-ahead this pass
         self._hooks = self._register_module_hooks(module)
         self._hooks += [module.register_forward_pre_hook(self._enter_root),
                         module.register_forward_hook(self._leave_root, always_call=True)]
@@ -184,6 +187,7 @@ class GatherSchedule:
             "module's forward, or wrap the code in `with zerotrain.zero.GatheredParameters(params):`")
 
     def _new_pass(self, backward: bool) -> None:
+        self._advised[backward] = 0
         if self._now[backward]:
             self._traces[backward] = self._now[backward]
             self._plan_reuse()
@@ -229,6 +233,23 @@ class GatherSchedule:
                 break
             if need:
                 self.gatherer.start(self.owners[following])
+        if self.gatherer.reads_files:
+            self._read_ahead(trace, position, backward)
+
+    def _read_ahead(self, trace: list[int], position: int, backward: bool) -> None:
+        """Parameters in NVMe: the modules within READ_AHEAD prefetch windows ahead are handed
+        to the kernel's read-ahead, each once per pass, so their shards are read from the disk
+        while this module computes (the gathers then find them in the page cache)."""
+        start = max(position + 1, self._advised[backward])
+        window = sum(self.owner_numel[k] for k in trace[position + 1 : start])
+        end = start
+        for following in trace[start:]:
+            window += self.owner_numel[following]
+            if window > READ_AHEAD * self.prefetch_numel:
+                break
+            self.gatherer.advise(self.owners[following])
+            end += 1
+        self._advised[backward] = end
 
     def _after_forward(self, k: int, output) -> None:
         """Release module k, and arrange for backward to gather it again: a hook on the
