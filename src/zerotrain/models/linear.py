@@ -4,10 +4,11 @@ On such CPUs (no AVX-512 BF16/AMX) torch's low-precision matmul takes a referenc
 7 GFLOP/s here against 60-80 for fp32, and its speed depends on the operands' layout (grad_out
 @ W as stored ran 30x slower than against W's transpose). A product of two bf16 (or fp16)
 numbers is exact in fp32, so upcasting the operands and multiplying in fp32 is the GPU's
-bf16 GEMM (exact products, fp32 sums) rounded once at the end: 2-3x faster than the
-reference kernel here, and closer to the fp32 result (a 2-layer width-2048 GPT's loss 4e-6
-from fp32 against 1e-4). The fp32 weight is a temporary of one layer, made again in backward,
-never kept; it and the fp32 weight gradient go into two buffers each thread reuses. Elsewhere (fp32, GPUs, tensor-parallel DTensor weights) it is plain nn.Linear.
+bf16 GEMM (exact products, fp32 sums) rounded once at the end: on a 2-layer width-2048 GPT
+here forward 3.8x and backward 4.2x faster than the reference kernel, and its loss 4e-6 from
+fp32's against 1e-4. The fp32 weight is a temporary of one layer, made again in backward,
+never kept; it and the fp32 weight gradient go into two buffers each thread reuses.
+Elsewhere (fp32, GPUs, tensor-parallel DTensor weights) it is plain nn.Linear.
 """
 
 from __future__ import annotations

@@ -181,6 +181,23 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             self._grad_buffer = torch.empty(max(self.blocks), dtype=torch.float32, device=self.device)
         return self._grad_buffer[: hi - lo].copy_(grad)
 
+    def read_ahead(self, nbytes: int) -> None:
+        """Ask the kernel (from an I/O thread: a large WILLNEED may wait on the disk's queue)
+        to read the first `nbytes` of what the next step reads (group by group, master and
+        state together) into its page cache; the step's own reads then find them there. A
+        hint only: its futures are not waited for."""
+        if self.folder is None or nbytes <= 0:
+            return
+        for gi, g in enumerate(self.groups):
+            files = [self.master_files[gi]] + ([self._state_tensor(gi, k) for k in self.state_keys]
+                                               if self.steps[gi] else [])
+            count = min(g.numel, nbytes // (4 * len(files)))
+            for f in files:
+                self.pool.submit(f.will_need, 0, count)
+            nbytes -= 4 * len(files) * count
+            if nbytes <= 0:
+                return
+
     # ---- the step ----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):

@@ -52,3 +52,15 @@ def release_freed_memory() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def available_memory() -> int:
+    """The host's MemAvailable in bytes (0 where /proc/meminfo has none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -12,6 +12,7 @@ they are separate and blockwise_optimizer.BlockwiseOptimizer keeps and steps the
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 
 from ..config.zero import NVME_BLOCK_NUMEL as BLOCK_NUMEL  # the largest swap block (config resolves it)
 from .blockwise_optimizer import RESIDENT_BLOCK_NUMEL, BlockwiseOptimizer, MasterGroup
+from .host_memory import available_memory
 from .nvme_swap import check_nvme_path, rank_folder
 
 
@@ -72,6 +74,15 @@ class OptimizerOffload:
             build, hyper, groups, device=self.master_device, pin=self.pin, folder=folder, pool=self.pool,
             block_numel=self.block_numel if folder is not None else RESIDENT_BLOCK_NUMEL, buffer_count=self.buffer_count)
         return self.stepper
+
+    def before_backward(self, boundary: bool) -> None:
+        """The backward that ends an accumulation window starts: with nvme, the step's first
+        blocks are read into the page cache while it computes (an I/O thread asks the kernel,
+        see BlockwiseOptimizer.read_ahead), within this rank's share of a quarter of the
+        host's available memory, so the disk works during backward too."""
+        if boundary and self.kind == "nvme" and self.stepper is not None:
+            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            self.stepper.read_ahead(available_memory() // (4 * ranks))
 
     def nvme_bytes(self) -> dict[str, int]:
         return self.stepper.nvme_bytes() if self.stepper is not None and self.kind == "nvme" else {}

@@ -34,6 +34,7 @@ class ShardedGradients(ZeroStrategy):
     # ---- backward ------------------------------------------------------------------------
     def begin_backward(self, boundary: bool) -> None:
         self.reducer.arm()  # every micro step: there is nowhere to accumulate whole gradients
+        self.offload.before_backward(boundary)
 
     def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
         fg = self.groups[group]

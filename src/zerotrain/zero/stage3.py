@@ -99,6 +99,7 @@ class ShardedParameters(ZeroStrategy):
     def begin_backward(self, boundary: bool) -> None:
         self.schedule.begin_backward()
         self.reducer.arm()
+        self.offload.before_backward(boundary)
 
     def _on_grad(self, group: int, index: int, p: torch.Tensor, buckets: list[int]) -> None:
         fg, ws = self.groups[group], self.comm.world_size

@@ -135,6 +135,7 @@ class ZeroStrategy(ABC):
         self.at_boundary = boundary
         if boundary and not self.comm.alone:
             self.reducer.arm()
+        self.offload.before_backward(boundary)
 
     def end_backward(self) -> None:
         """After each backward: every gradient bucket launched and landed."""

@@ -27,9 +27,9 @@ class Stack(nn.Module):
         return ((x - labels) ** 2).mean()
 
 
-def train(folder, steps: int = 3, param: dict | None = None, optimizer: dict | None = None):
+def train(folder, steps: int = 3, param: dict | None = None, optimizer: dict | None = None, prefetch: int = 10**6):
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 100,
-            "stage3_prefetch_bucket_size": 10**6,  # prefetch would read every layer ahead
+            "stage3_prefetch_bucket_size": prefetch,  # 1e6: prefetch would read every layer ahead
             "offload_param": {"device": "nvme", "nvme_path": str(folder), **(param or {})},
             "offload_optimizer": {"device": "nvme", "nvme_path": str(folder), **(optimizer or {})}}
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
@@ -83,3 +83,23 @@ def test_no_buffers_is_refused(tmp_path, block):
     with pytest.raises(ConfigError, match=rf"{block}\.buffer_count.*is 0: device 'nvme' needs at least one I/O "
                                           "buffer; set it to 1 or more"):
         train(tmp_path, **{"param" if block == "offload_param" else "optimizer": {"buffer_count": 0}})
+
+
+def test_reads_are_announced_to_the_kernel_ahead_of_use(tmp_path, monkeypatch):
+    """Parameter shards of the modules ahead, the optimizer's next blocks and (at the backward
+    that ends the window) the step's first blocks are handed to the kernel's read-ahead."""
+    from zerotrain.zero import nvme_swap
+
+    asked = []
+    monkeypatch.setattr(nvme_swap.FileStore, "will_need",
+                        lambda self, start, count: asked.append((self.path.name, start, count, self.numel)))
+    losses, *_ = train(tmp_path, prefetch=WIDTH * WIDTH + WIDTH)  # one layer gathered ahead
+    assert all(0 <= start and start + count <= numel for _, start, count, numel in asked if count > 0)
+    params = [a for a in asked if a[0].startswith("params.")]
+    masters = [a for a in asked if a[0].endswith(".master.bin")]
+    moments = [a for a in asked if ".exp_avg" in a[0]]
+    assert params and moments
+    assert any(start == 0 and count > 100 for _, start, count, _ in masters)  # before backward: beyond one block
+    assert any(start >= 100 for _, start, _, _ in masters)  # the blocks after the one being read
+    monkeypatch.undo()
+    assert train(tmp_path, prefetch=WIDTH * WIDTH + WIDTH)[0] == losses
