@@ -28,7 +28,7 @@ _scratch = threading.local()
 def _fp32(t: torch.Tensor, slot: str) -> torch.Tensor:
     """`t` in fp32, in this thread's reused buffer `slot`: a fresh 64 MB tensor costs 8x the
     conversion itself in page faults (malloc maps large blocks anew each time)."""
-    return _buffer(slot, t.shape).copy_(t) if t.numel() <= _SCRATCH_MOST else t.float()
+    return _buffer(slot, t.shape).copy_(t)
 
 
 def _buffer(slot: str, shape) -> torch.Tensor:

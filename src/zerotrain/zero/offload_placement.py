@@ -12,7 +12,6 @@ they are separate and blockwise_optimizer.BlockwiseOptimizer keeps and steps the
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from .nvme_swap import check_nvme_path, rank_folder
 
 
 class OptimizerOffload:
-    def __init__(self, config, rank: int, device, block_numel: int = BLOCK_NUMEL):
+    def __init__(self, config, rank: int, device, block_numel: int = BLOCK_NUMEL, local_ranks: int = 1):
         self.kind = getattr(config, "device", "none") if config is not None else "none"
         self.enabled = self.kind != "none"
         self.place = "host" if self.enabled else "device"
@@ -33,6 +32,7 @@ class OptimizerOffload:
         self.pin = bool(self.enabled and getattr(config, "pin_memory", False) and torch.cuda.is_available())
         self.nvme_path = getattr(config, "nvme_path", None)
         self.rank = rank
+        self.local_ranks = max(1, local_ranks)  # ranks sharing this host's memory
         self.block_numel = max(1, min(int(block_numel), BLOCK_NUMEL))
         self.buffer_count = int(getattr(config, "buffer_count", 4))  # nvme blocks in host memory at once
         self.stepper: BlockwiseOptimizer | None = None
@@ -81,8 +81,7 @@ class OptimizerOffload:
         see BlockwiseOptimizer.read_ahead), within this rank's share of a quarter of the
         host's available memory, so the disk works during backward too."""
         if boundary and self.kind == "nvme" and self.stepper is not None:
-            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-            self.stepper.read_ahead(available_memory() // (4 * ranks))
+            self.stepper.read_ahead(available_memory() // (4 * self.local_ranks))
 
     def nvme_bytes(self) -> dict[str, int]:
         return self.stepper.nvme_bytes() if self.stepper is not None and self.kind == "nvme" else {}

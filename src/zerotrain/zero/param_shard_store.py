@@ -115,7 +115,9 @@ class ParamStore:
         if self.file is None:
             self.tensor[lo : lo + src.numel()].copy_(src)
             return
-        values = src.detach().to("cpu", self.dtype, copy=True)  # the caller reuses src's buffer
+        values = src.detach().to("cpu", self.dtype)
+        if values.data_ptr() == src.data_ptr():
+            values = values.clone()  # the caller may reuse src's memory before the write
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotrain-param-write")
         while len(self._writes) >= WRITES_BEHIND:

@@ -101,27 +101,26 @@ class Gatherer:
         """Whether some shard store reads from NVMe (read-ahead is worth asking for)."""
         return any(store.file is not None for store in self.stores)
 
+    def _absent(self, gi: int, indices: list[int]) -> list[int]:
+        """Those of group gi's `indices` that are neither whole nor arriving."""
+        params = self.groups[gi].params
+        return [i for i in indices if id(params[i]) not in self.whole and id(params[i]) not in self.in_flight]
+
     def advise(self, own: dict[int, list[int]]) -> None:
         """The given parameters will be gathered soon: stores in NVMe start reading them."""
         for gi, indices in own.items():
-            group, store = self.groups[gi], self.stores[gi]
-            todo = [i for i in indices if id(group.params[i]) not in self.whole
-                    and id(group.params[i]) not in self.in_flight]
-            for lo, hi, _ in group.runs(todo):
-                store.will_need(lo, hi)
+            for lo, hi, _ in self.groups[gi].runs(self._absent(gi, indices)):
+                self.stores[gi].will_need(lo, hi)
 
     def missing_numel(self, own: dict[int, list[int]]) -> int:
-        return sum(self.numel_of[id(self.groups[gi].params[i])] for gi, idx in own.items() for i in idx
-                   if id(self.groups[gi].params[i]) not in self.whole
-                   and id(self.groups[gi].params[i]) not in self.in_flight)
+        return sum(self.groups[gi].full_numels[i] for gi, idx in own.items() for i in self._absent(gi, idx))
 
     def start(self, own: dict[int, list[int]]) -> _Pending:
         pending = _Pending()
         ws = self.comm.world_size
         for gi, indices in own.items():
             group, store = self.groups[gi], self.stores[gi]
-            todo = [i for i in indices if id(group.params[i]) not in self.whole
-                    and id(group.params[i]) not in self.in_flight]
+            todo = self._absent(gi, indices)
             # small persistent params (biases, norms) apart from the large ones: a large
             # parameter alone in its run is gathered straight into its buffer, with no scratch
             # copy allocated between the activations

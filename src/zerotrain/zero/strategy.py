@@ -55,7 +55,8 @@ class ZeroStrategy(ABC):
         self.bucket_numel = bucket_numel
         self.overlap_comm = overlap_comm
         #: where masters and optimizer state live (device, host, nvme)
-        self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel)
+        self.offload = OptimizerOffload(offload_optimizer, comm.rank, device, offload_block_numel,
+                                        local_ranks=comm.state.local_world_size or comm.world_size)
         #: where the division by the world size happens (averaging.py)
         self.averaging: Averaging = plan_averaging(comm.world_size, prescale_gradients,
                                                    float(gradient_predivide_factor), compute_dtype, gradient_mean)
