@@ -47,6 +47,7 @@ class FileStore:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self.fd, numel * self.itemsize)
         self._finalizer = weakref.finalize(self, _close_and_remove, self.fd, path)
+        self._window: int | None = None  # bytes the kernel reads ahead per request (will_need)
 
     def read_into(self, start: int, out: torch.Tensor) -> None:
         view = memoryview(out.view(torch.uint8).numpy())
@@ -56,9 +57,18 @@ class FileStore:
 
     def will_need(self, start: int, count: int) -> None:
         """Elements [start, start + count) will be read soon: the kernel reads them into its
-        page cache in the background (posix_fadvise WILLNEED), so the read finds them there."""
-        if count > 0 and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, start * self.itemsize, count * self.itemsize, os.POSIX_FADV_WILLNEED)
+        page cache in the background (posix_fadvise WILLNEED), so the read finds them there.
+        Linux reads at most one read-ahead window per call and drops the rest of the range
+        silently, so a longer range is asked for one window at a time."""
+        if count <= 0 or not hasattr(os, "posix_fadvise"):
+            return
+        if self._window is None:
+            self._window = read_ahead_window(self.fd)
+        at, end = start * self.itemsize, (start + count) * self.itemsize
+        while at < end:
+            step = min(self._window, end - at)
+            os.posix_fadvise(self.fd, at, step, os.POSIX_FADV_WILLNEED)
+            at += step
 
     def write_from(self, start: int, src: torch.Tensor) -> None:
         data = memoryview(src.contiguous().view(torch.uint8).numpy())
@@ -94,6 +104,24 @@ class FileStore:
 
     def close(self) -> None:
         self._finalizer()
+
+
+DEFAULT_WINDOW = 128 << 10  # Linux's default read_ahead_kb: the window when sysfs does not say
+
+
+def read_ahead_window(fd: int) -> int:
+    """Bytes one WILLNEED on `fd` reads at most: Linux caps it at the larger of its block
+    device's read-ahead window and its largest request (sysfs read_ahead_kb, max_sectors_kb);
+    DEFAULT_WINDOW where sysfs does not say (an overlay or network file system)."""
+    dev = os.fstat(fd).st_dev
+    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    try:
+        node = node.resolve()
+        queue = next(q for q in (node / "queue", node.parent / "queue") if q.is_dir())
+        kib = max(int((queue / name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb"))
+    except (OSError, StopIteration, ValueError):
+        return DEFAULT_WINDOW
+    return max(4096, kib << 10)
 
 
 def _close_and_remove(fd: int, path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -110,3 +111,49 @@ def test_initialize_checks_the_disk_before_it_writes(tmp_path, stage):
 
     gc.collect()
     assert [p.name for p in tmp_path.rglob("*")] == ["params"]  # the swap files go with the engine
+
+
+def _resident_share(path) -> float:
+    """The share of the file's pages in the page cache (mincore over a read-only mapping)."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+        view = np.frombuffer(mm, dtype=np.uint8)  # only for the mapping's address
+        rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), size, vec)
+        del view  # the mapping closes only once nothing exports it
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vec) / pages
+
+
+def test_will_need_brings_the_whole_range_into_the_page_cache(tmp_path):
+    """Linux reads one read-ahead window per WILLNEED and drops the rest of the range: a range
+    of several windows must still arrive whole, ahead of the read."""
+    from zerotrain.zero.nvme_swap import read_ahead_window
+
+    folder = os.open(tmp_path, os.O_RDONLY)
+    window = read_ahead_window(folder)  # the same disk as the file's
+    os.close(folder)
+    numel = 4 * window // 4  # four windows of fp32
+    (tmp_path / "swap").mkdir()
+    store = FileStore(tmp_path / "swap" / "ahead.bin", numel, torch.float32)
+    store.write_from(0, torch.arange(numel, dtype=torch.float32))
+    os.fsync(store.fd)
+    os.posix_fadvise(store.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
+    assert _resident_share(store.path) < 0.2, "the kernel kept the file cached: nothing to measure"
+    store.will_need(0, numel)
+    deadline = time.monotonic() + 20
+    while (share := _resident_share(store.path)) < 0.99 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert share >= 0.99, f"{share:.0%} of the range arrived ({window >> 10} KiB windows)"
+    out = torch.empty(numel)
+    store.read_into(0, out)
+    assert torch.equal(out, torch.arange(numel, dtype=torch.float32))
+    store.close()
