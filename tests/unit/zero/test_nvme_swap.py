@@ -141,7 +141,7 @@ def test_will_need_brings_the_whole_range_into_the_page_cache(tmp_path):
     folder = os.open(tmp_path, os.O_RDONLY)
     window = read_ahead_window(folder)  # the same disk as the file's
     os.close(folder)
-    numel = 4 * window // 4  # four windows of fp32
+    numel = window  # fp32 elements of 4 bytes: the file spans four windows
     (tmp_path / "swap").mkdir()
     store = FileStore(tmp_path / "swap" / "ahead.bin", numel, torch.float32)
     store.write_from(0, torch.arange(numel, dtype=torch.float32))
