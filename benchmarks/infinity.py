@@ -222,7 +222,7 @@ def main() -> int:
         same = results["resume"]["losses"] == results["nvme"]["losses"][1:]
         print(f"resumed losses equal the uninterrupted run's bit for bit: {same}; swap folders now: "
               f"{_swap_left(args.nvme_path) or 'none'}")
-        ok &= code == 0 and same and not _swap_left(args.nvme_path)
+        ok &= code == 0 and same and not _swap_left(args.nvme_path) and results["resume"]["hwm_kib"] <= 3 * (1 << 20)
         ok &= _consolidate(work, results["resume"]["sums"])
         if not args.skip_trainer:
             ok &= _trainer(args, work)
