@@ -16,7 +16,9 @@ The model: zerotrain's GPT of width 2048 (16 heads, vocabulary 8192, 64 position
 
 For each, the layer count grows by doubling from --start-layers until a probe does not fit (or
 --max-layers is reached), then is bisected to the exact largest count. Each probe is its own
-torchrun job that builds the model, initialises the engine and trains --steps steps (2).
+torchrun job that builds the model, initialises the engine and trains --steps steps (3: with
+the masters in NVMe zerotrain's optimizer step runs behind the next forward, so the third step
+is the first whose time holds a whole steady optimizer step, state read and written).
 
 Memory safety (the machine is shared): each rank runs under a budget, by default (MemAvailable
 at start - 3 GiB) / 2, enforced by a watchdog thread started before torch is imported, which reads
@@ -502,7 +504,7 @@ def main() -> int:
     p.add_argument("--nvme-path", default=None, help="folder for the swap files and the disk test (default: a "
                                                      "temporary folder under $TMPDIR); a subfolder is made and removed")
     p.add_argument("--quick", action="store_true", help="width 512: the script end to end in minutes")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--disk-test-gib", type=float, default=None, help="size of the dd file (default 4, quick 0.5)")
     p.add_argument("--sub-group-size", type=int, default=100_000_000,
                    help="zero_optimization.sub_group_size for both engines (DeepSpeed's NVMe swap unit)")

@@ -22,9 +22,10 @@ DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 # filling), so their buckets cost memory that stage 0-1 buckets (views of a gradient buffer
 # that exists anyway) do not: 8 MB of fp32 each, still few collectives per backward.
 STAGED_BUCKET_NUMEL = 2**21
-# Elements per NVMe optimizer swap block: 1 MB of fp32 per state tensor; larger blocks only
-# cost host memory (two are in flight), smaller ones more file operations.
-NVME_BLOCK_NUMEL = 1 << 18
+# Elements per NVMe optimizer swap block: 4 MB of fp32 per state tensor. Larger blocks cost
+# host memory (buffer_count are in flight); smaller ones more hand-offs between the step's
+# thread and the forward it runs behind (zero/step_behind.py), which slows both.
+NVME_BLOCK_NUMEL = 1 << 20
 
 # settled by the stage-3 strategy once it has measured the model (None until then)
 MODEL_DERIVED = ("prefetch_bucket_size", "max_reuse_distance")

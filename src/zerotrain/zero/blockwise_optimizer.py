@@ -19,10 +19,11 @@ So no fp32 copy of the gradients persists (the ZeRO paper's 16 bytes per paramet
 Adam: 2 + 2 + 12), and with nvme host memory holds offload_optimizer.buffer_count blocks
 (master + state) at once, never a shard: one stepped, one read ahead, the rest being written
 (4: two writes behind; 1: read, step and write one after the other). Those buffers are
-allocated once and reused, block after block. Reads and writes are positional
-(pread/pwrite) on a thread pool, which releases the GIL; the kernel is asked to read the
-next READ_AHEAD blocks into its page cache meanwhile (posix_fadvise), so the disk always has
-reads queued.
+allocated once and reused, block after block. A block's reads (and then its writes) are
+one task on a thread pool, positional (pread/pwrite), which release the GIL; the kernel is
+asked to read the block READ_AHEAD blocks later into its page cache meanwhile
+(posix_fadvise), so the disk always has reads queued. At stage 3 the nvme step may run on a
+thread of its own behind the next forward, from the end of each shard (step_behind.py).
 Blocks are only correct for optimizers that update each element on its own (SGD, Adam,
 ...); any other optimizer steps each group as one block. State that is not one value per
 element (a client optimizer's counters, scalars) is kept per block as the optimizer left it.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from .nvme_swap import FileBacked, FileStore, copy_into
+from .step_behind import StepBehind, settled
 
 # torch optimizers whose update of an element reads only that element (and scalars)
 ELEMENTWISE = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Rprop",
@@ -67,6 +69,10 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         self._in_use = self.peak_buffers = 0  # nvme: block buffers in use now, at most
         self._grad_buffer: torch.Tensor | None = None  # the fp32 copy of one gradient block
         self.coef = 1.0  # unscale x clip of the coming step (ZeroStrategy.prepare_step)
+        #: whether step() only starts the step, on its thread, behind the next forward (the
+        #: strategy decides: stage 3 with these masters in NVMe); `behind` is that step
+        self.runs_behind = False
+        self.behind = StepBehind()
         self.slots = [[torch.nn.Parameter(torch.zeros(1, dtype=torch.float32, device=device)) for _ in range(2)]
                       for _ in groups]
         self.inner = build([dict(h, params=slots) for h, slots in zip(hyper, self.slots)])
@@ -100,6 +106,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         n, b = self.groups[gi].numel, self.blocks[gi]
         return [(lo, min(lo + b, n)) for lo in range(0, n, b)]
 
+    @settled
     def load_masters(self, saved: list[torch.Tensor] | None, to_model: bool = False) -> None:
         """Masters from `saved` (a checkpoint), else from the model's own values, block by
         block; `to_model` also writes saved masters into the model (cast to its dtype)."""
@@ -110,6 +117,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                 if to_model and saved is not None:
                     g.write_model(lo, values)
 
+    @settled
     def write_master(self, gi: int, lo: int, values: torch.Tensor) -> None:
         values = values.detach().to(self.device, torch.float32)
         if self.masters[gi] is not None:
@@ -117,6 +125,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         else:
             self.master_files[gi].write_from(lo, values.cpu())
 
+    @settled
     def master(self, gi: int) -> torch.Tensor:
         """The whole fp32 master of group gi (read from its file with nvme)."""
         if self.masters[gi] is not None:
@@ -125,6 +134,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         self.master_files[gi].read_into(0, out)
         return out
 
+    @settled
     def master_state(self, gi: int):
         """What a checkpoint saves of group gi's master: a copy, or its file (copied file to file)."""
         return self.masters[gi].detach().clone() if self.masters[gi] is not None else self.master_files[gi]
@@ -140,9 +150,16 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             group_state[key] = self._resident(self.groups[gi].numel)
         return group_state[key]
 
+    def _files(self, gi: int, written: bool = False) -> list[FileStore]:
+        """The files a block of group gi is read from (its master, then its state once it has
+        any) or `written` to (its master and its state)."""
+        return [self.master_files[gi]] + ([self._state_tensor(gi, k) for k in self.state_keys]
+                                          if self.steps[gi] or written else [])
+
     def _read(self, gi: int, lo: int, hi: int):
         """(master, state, reads, buffer) of a block: views when resident; with nvme, views of
-        a block buffer being filled (the buffer goes back to `_free` once written)."""
+        a block buffer being filled by one pool task (the buffer goes back to `_free` once
+        written)."""
         if self.folder is None:
             state = {k: self._state_tensor(gi, k)[lo:hi] for k in self.state_keys} if self.steps[gi] else {}
             return self.masters[gi][lo:hi], state, [], None
@@ -152,21 +169,17 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             buffer = torch.empty(rows, max(self.blocks), dtype=torch.float32)
         self._in_use += 1
         self.peak_buffers = max(self.peak_buffers, self._in_use)
-        master = buffer[0, : hi - lo]
-        futures = [self.pool.submit(self.master_files[gi].read_into, lo, master)]
-        state = {}
-        files = [self.master_files[gi]]
-        if self.steps[gi]:
-            for row, key in enumerate(self.state_keys, 1):
-                state[key] = buffer[row, : hi - lo]
-                futures.append(self.pool.submit(self._state_tensor(gi, key).read_into, lo, state[key]))
-                files.append(self._state_tensor(gi, key))
-        # the kernel reads READ_AHEAD blocks beyond this one meanwhile (each block asked once)
-        n, b = self.groups[gi].numel, self.blocks[gi]
-        ahead = (hi, min(n, hi + READ_AHEAD * b)) if lo == 0 else (lo + READ_AHEAD * b, min(n, hi + READ_AHEAD * b))
-        for f in files:
-            f.will_need(ahead[0], ahead[1] - ahead[0])
-        return master, state, futures, buffer
+        files = self._files(gi)
+        views = [buffer[row, : hi - lo] for row in range(len(files))]
+        state = dict(zip(self.state_keys, views[1:]))
+        return views[0], state, [self.pool.submit(_read_rows, files, lo, views)], buffer
+
+    def _hint(self, item) -> None:
+        """nvme: the kernel starts reading a block that comes READ_AHEAD blocks later."""
+        if self.folder is not None:
+            gi, _, lo, hi = item
+            for f in self._files(gi):
+                f.will_need(lo, hi - lo)
 
     def _grad(self, g: MasterGroup, lo: int, hi: int) -> torch.Tensor:
         """The block's gradient in fp32 where the step runs: a view when it is so already,
@@ -181,77 +194,110 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             self._grad_buffer = torch.empty(max(self.blocks), dtype=torch.float32, device=self.device)
         return self._grad_buffer[: hi - lo].copy_(grad)
 
+    @settled
     def read_ahead(self, nbytes: int) -> None:
         """Ask the kernel (from an I/O thread: a large WILLNEED may wait on the disk's queue)
-        to read the first `nbytes` of what the next step reads (group by group, master and
-        state together) into its page cache; the step's own reads then find them there. A
-        hint only: its futures are not waited for."""
+        to read the first `nbytes` of what the next step reads, in the order it reads them,
+        into its page cache; the step's own reads then find them there. A hint only: its
+        future is not waited for."""
         if self.folder is None or nbytes <= 0:
             return
-        for gi, g in enumerate(self.groups):
-            files = [self.master_files[gi]] + ([self._state_tensor(gi, k) for k in self.state_keys]
-                                               if self.steps[gi] else [])
-            count = min(g.numel, nbytes // (4 * len(files)))
-            for f in files:
-                self.pool.submit(f.will_need, 0, count)
-            nbytes -= 4 * len(files) * count
-            if nbytes <= 0:
-                return
+        plan, count = self._plan(backwards=self.runs_behind), 0
+        while count < len(plan) and nbytes > 0:
+            gi, _, lo, hi = plan[count]
+            nbytes -= 4 * len(self._files(gi)) * (hi - lo)
+            count += 1
+        self.pool.submit(lambda: [self._hint(item) for item in plan[:count]])
 
     # ---- the step ----------------------------------------------------------------------------
-    @torch.no_grad()
+    def _plan(self, backwards: bool = False) -> list[tuple[int, int, int, int]]:
+        """(group, block, lo, hi) in the order stepped: each group from its start, or (behind
+        the forward, which needs the end of each shard first: layout order is reverse
+        registration) from the end of every group at once, interleaved by position."""
+        plan = [(gi, b, lo, hi) for gi in range(len(self.groups)) for b, (lo, hi) in enumerate(self._ranges(gi))]
+        if backwards:
+            plan.sort(key=lambda t: (-t[2] / self.groups[t[0]].numel, t[0]))
+        return plan
+
     def step(self, closure=None):
+        """The step, or (`runs_behind`) its start on the step's thread (step_behind.py), with
+        this step's coefficient and hyperparameters: a scheduler may change them meanwhile."""
+        coef, self.coef = self.coef, 1.0
+        if not self.runs_behind:
+            self.behind.join()
+            self._run(self._plan(), coef)
+            return
+        hyper = [dict(g) for g in self.param_groups]
+        self.behind.start([g.numel for g in self.groups],
+                          lambda mark: self._run(self._plan(backwards=True), coef, hyper, mark))
+
+    @torch.no_grad()
+    def _run(self, plan, coef: float, hyper: list[dict] | None = None, mark=None) -> None:
+        if hyper is not None:
+            self.inner.param_groups = hyper
+        try:
+            self._run_blocks(plan, coef, mark)
+        finally:
+            self.inner.param_groups = self.param_groups
+
+    def _run_blocks(self, plan, coef: float, mark) -> None:
         # nvme: one block stepped, one read ahead when two fit, the rest written behind
         read_ahead = self.folder is None or self.buffer_count >= 2
         most_writes = self.buffer_count - 1 - read_ahead
-        for gi, g in enumerate(self.groups):
-            ranges = self._ranges(gi)
-            writes: list[tuple[list[Future], torch.Tensor]] = []
-            ahead = self._read(gi, *ranges[0])
-            for b, (lo, hi) in enumerate(ranges):
-                master, state_in, reads, buffer = ahead
-                if b + 1 < len(ranges) and read_ahead:
-                    ahead = self._read(gi, *ranges[b + 1])
-                for f in reads:
-                    f.result()
-                # fp32 on this device already: a view, scaled in place (the strategy clears it
-                # after the step anyway); otherwise a copy of one block
-                grad = self._grad(g, lo, hi)
-                if self.coef != 1.0:
-                    grad.mul_(self.coef)
-                slot = self.slots[gi][b % 2]
-                slot.data, slot.grad = master, grad
-                state = self.inner.state[slot]
-                state.clear()
-                if self.steps[gi]:
-                    state.update(self.extra.get((gi, b), {}), **state_in)
-                    if self.keeps_step:
-                        state["step"] = torch.tensor(float(self.steps[gi]))
-                self.inner.step()
-                slot.grad = None
-                if not self.state_keys and not self.steps[gi]:  # the first block ever: learn the state's form
-                    self.state_keys = [k for k, v in state.items()
-                                       if torch.is_tensor(v) and v.numel() == hi - lo and k != "step"]
-                    self.keeps_step = "step" in state
-                self.extra[(gi, b)] = {k: v for k, v in state.items() if k not in self.state_keys and k != "step"}
-                g.write_model(lo, master)
-                if self.folder is None:
-                    if not self.steps[gi]:  # first step: the optimizer made fresh state tensors
-                        for key in self.state_keys:
-                            self._state_tensor(gi, key)[lo:hi].copy_(state[key])
-                else:
-                    writes.append(([self.pool.submit(self.master_files[gi].write_from, lo, master)]
-                                   + [self.pool.submit(self._state_tensor(gi, key).write_from, lo, state[key])
-                                      for key in self.state_keys], buffer))
-                    while len(writes) > most_writes:
-                        self._written(*writes.pop(0))
-                    if b + 1 < len(ranges) and not read_ahead:
-                        ahead = self._read(gi, *ranges[b + 1])
-                state.clear()
-            for block_writes in writes:
-                self._written(*block_writes)
+        writes: list[tuple[list[Future], torch.Tensor]] = []
+        for item in plan[1 : READ_AHEAD + 1]:
+            self._hint(item)
+        ahead = self._read(*(plan[0][0], *plan[0][2:]))
+        for k, (gi, b, lo, hi) in enumerate(plan):
+            g = self.groups[gi]
+            master, state_in, reads, buffer = ahead
+            if k + 1 < len(plan) and read_ahead:
+                nxt = plan[k + 1]
+                ahead = self._read(nxt[0], *nxt[2:])
+            if k + READ_AHEAD + 1 < len(plan):
+                self._hint(plan[k + READ_AHEAD + 1])
+            for f in reads:
+                f.result()
+            # fp32 on this device already: a view, scaled in place (the strategy clears it
+            # after the step anyway); otherwise a copy of one block
+            grad = self._grad(g, lo, hi)
+            if coef != 1.0:
+                grad.mul_(coef)
+            slot = self.slots[gi][b % 2]
+            slot.data, slot.grad = master, grad
+            state = self.inner.state[slot]
+            state.clear()
+            if self.steps[gi]:
+                state.update(self.extra.get((gi, b), {}), **state_in)
+                if self.keeps_step:
+                    state["step"] = torch.tensor(float(self.steps[gi]))
+            self.inner.step()
+            slot.grad = None
+            if not self.state_keys and not self.steps[gi]:  # the first block ever: learn the state's form
+                self.state_keys = [k for k, v in state.items()
+                                   if torch.is_tensor(v) and v.numel() == hi - lo and k != "step"]
+                self.keeps_step = "step" in state
+            self.extra[(gi, b)] = {k: v for k, v in state.items() if k not in self.state_keys and k != "step"}
+            g.write_model(lo, master)
+            if mark is not None:  # queued: a read of the model's shard there waits for the write
+                mark(gi, lo)
+            if self.folder is None:
+                if not self.steps[gi]:  # first step: the optimizer made fresh state tensors
+                    for key in self.state_keys:
+                        self._state_tensor(gi, key)[lo:hi].copy_(state[key])
+            else:
+                rows = [master] + [state[key] for key in self.state_keys]
+                writes.append(([self.pool.submit(_write_rows, self._files(gi, written=True), lo, rows)], buffer))
+                while len(writes) > most_writes:
+                    self._written(*writes.pop(0))
+                if k + 1 < len(plan) and not read_ahead:
+                    nxt = plan[k + 1]
+                    ahead = self._read(nxt[0], *nxt[2:])
+            state.clear()
+        for block_writes in writes:
+            self._written(*block_writes)
+        for gi in sorted({item[0] for item in plan}):
             self.steps[gi] += 1
-        self.coef = 1.0
 
     def _written(self, futures: list[Future], buffer: torch.Tensor) -> None:
         for f in futures:
@@ -263,6 +309,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         """Gradients belong to the strategy's shards; it clears them."""
 
     # ---- checkpoints and accounting ----------------------------------------------------------
+    @settled
     def state_dict(self) -> dict:
         """torch's layout, one entry per group: step and each per-element state tensor, whole."""
         state = {}
@@ -282,6 +329,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         blocks = [self.extra.get((gi, b), {}) for b in range(len(self._ranges(gi)))]
         return dict(blocks[0]) if len(blocks) == 1 else {"blocks": blocks} if any(blocks) else {}
 
+    @settled
     def load_state_dict(self, saved: dict) -> None:
         for gi, entry in saved["state"].items():
             gi = int(gi)
@@ -304,6 +352,18 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                 "optimizer_states": sum(f.nbytes for f in self.state_files.values())}
 
     def close(self) -> None:
+        self.behind.close()
         for store in [*self.master_files, *self.state_files.values()]:
             if store is not None:
                 store.close()
+
+
+def _read_rows(files: list[FileStore], lo: int, rows: list[torch.Tensor]) -> None:
+    """One pool task per block: fewer hand-offs between threads than one per file."""
+    for f, row in zip(files, rows):
+        f.read_into(lo, row)
+
+
+def _write_rows(files: list[FileStore], lo: int, rows: list[torch.Tensor]) -> None:
+    for f, row in zip(files, rows):
+        f.write_from(lo, row)

@@ -54,6 +54,26 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
+class Trimmer:
+    """`release_freed_memory` at the phase boundaries (`now`) and every `every` events of a
+    phase (`tick`); `every` 0: never. Stage 3 with offload trims this way: a forward or
+    backward of a 1.23B GPT leaves up to 1.2 GiB of freed blocks of 2-4 MB in the heap's
+    holes, resident until trimmed (an mmap threshold of 2 MiB returns them too, but its page
+    faults cost 40-60% of such a step)."""
+
+    def __init__(self, every: int):
+        self.every, self._count = every, 0
+
+    def tick(self) -> None:
+        self._count += 1
+        if self.every and self._count % self.every == 0:
+            release_freed_memory()
+
+    def now(self) -> None:
+        if self.every:
+            release_freed_memory()
+
+
 def available_memory() -> int:
     """The host's MemAvailable in bytes (0 where /proc/meminfo has none)."""
     try:

@@ -78,10 +78,10 @@ class OptimizerOffload:
     def before_backward(self, boundary: bool) -> None:
         """The backward that ends an accumulation window starts: with nvme, the step's first
         blocks are read into the page cache while it computes (an I/O thread asks the kernel,
-        see BlockwiseOptimizer.read_ahead), within this rank's share of a quarter of the
+        see BlockwiseOptimizer.read_ahead), within this rank's share of half the
         host's available memory, so the disk works during backward too."""
         if boundary and self.kind == "nvme" and self.stepper is not None:
-            self.stepper.read_ahead(available_memory() // (4 * self.local_ranks))
+            self.stepper.read_ahead(available_memory() // (2 * self.local_ranks))
 
     def nvme_bytes(self) -> dict[str, int]:
         return self.stepper.nvme_bytes() if self.stepper is not None and self.kind == "nvme" else {}

@@ -5,6 +5,7 @@ bounded by offload_param's I/O buffers (IOBuffers)."""
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -68,7 +69,8 @@ class ParamStore:
         self.place = {"none": "device", "cpu": "host", "nvme": "nvme"}[kind]
         self.file = None
         self._writer: ThreadPoolExecutor | None = None  # nvme: writes behind the optimizer step
-        self._writes: deque[Future] = deque()
+        self._writes: deque[tuple[int, int, Future]] = deque()  # (lo, hi, write) in the order queued
+        self._lock = threading.Lock()  # the step may run on its own thread (step_behind.py)
         if kind == "nvme":
             self.tensor = None
             self.file = FileStore(folder / f"{name}.bin", numel, dtype)  # a sparse file of zeros
@@ -82,7 +84,7 @@ class ParamStore:
         """Elements [lo, hi) on the compute device (a view when they already live there)."""
         if self.file is None:
             return self.tensor[lo:hi].to(self.compute_device, non_blocking=True)
-        self.flush()
+        self.flush(lo, hi)
         out = torch.empty(hi - lo, dtype=self.dtype)
         self.file.read_into(lo, out)
         return out.to(self.compute_device)
@@ -111,7 +113,7 @@ class ParamStore:
     def write(self, lo: int, src: torch.Tensor) -> None:
         """Put `src` at lo. To NVMe the write goes behind (one writer thread, at most
         WRITES_BEHIND queued): the optimizer steps the next block meanwhile, and every read
-        and checkpoint first waits for the queued writes (flush)."""
+        first waits for the queued writes into its range, every checkpoint for all (flush)."""
         if self.file is None:
             self.tensor[lo : lo + src.numel()].copy_(src)
             return
@@ -120,14 +122,32 @@ class ParamStore:
             values = values.clone()  # the caller may reuse src's memory before the write
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotrain-param-write")
-        while len(self._writes) >= WRITES_BEHIND:
-            self._writes.popleft().result()
-        self._writes.append(self._writer.submit(self.file.write_from, lo, values))
+        while True:
+            with self._lock:
+                if len(self._writes) < WRITES_BEHIND:
+                    break
+                oldest = self._writes[0][2]
+            oldest.result()
+            self._prune()
+        future = self._writer.submit(self.file.write_from, lo, values)
+        with self._lock:
+            self._writes.append((lo, lo + values.numel(), future))
 
-    def flush(self) -> None:
-        """Wait for every queued write (its error, a full disk say, is raised here)."""
-        while self._writes:
-            self._writes.popleft().result()
+    def flush(self, lo: int = 0, hi: int | None = None) -> None:
+        """Wait for the queued writes (those into [lo, hi) when given; an error of one, a full
+        disk say, is raised here)."""
+        hi = self.numel if hi is None else hi
+        with self._lock:
+            waits = [f for a, b, f in self._writes if a < hi and lo < b]
+        for f in waits:
+            f.result()
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the writes done without error (a failed one stays, to be raised)."""
+        with self._lock:
+            while self._writes and self._writes[0][2].done() and self._writes[0][2].exception() is None:
+                self._writes.popleft()
 
     def full(self):
         """The whole shard for a checkpoint: a copy, or its file (copied file to file)."""

@@ -24,10 +24,14 @@ from .layout import cut
 from .partitioned_param import make_partitioned, make_plain
 from .nvme_swap import rank_folder
 from .param_shard_store import IOBuffers, ParamStore
-from .host_memory import release_freed_memory, return_large_blocks
+from .host_memory import Trimmer, release_freed_memory, return_large_blocks
 from .stage3_gather import Gatherer, ShardedGroup
 from .stage3_schedule import GatherSchedule
+from .step_behind import settled
 from .strategy import ZeroStrategy
+
+
+TRIM_EVERY_BUCKETS = 8  # offloaded: freed heap pages go back every this many landed buckets
 
 
 class ShardedParameters(ZeroStrategy):
@@ -39,8 +43,10 @@ class ShardedParameters(ZeroStrategy):
                  **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
-        if param_kind != "none" or self.offload.enabled:
-            return_large_blocks()  # host memory is the ceiling: freed temporaries go back (host_memory.py)
+        #: host memory is the ceiling: freed temporaries go back (host_memory.py)
+        self._trim = Trimmer(every=TRIM_EVERY_BUCKETS if param_kind != "none" or self.offload.enabled else 0)
+        if self._trim.every:
+            return_large_blocks()
         self.separate_masters = self.separate_masters or param_kind == "nvme"
         ws, rank = comm.world_size, comm.rank
         trainable = {id(p) for ps in self.ordered for p in ps}
@@ -92,11 +98,24 @@ class ShardedParameters(ZeroStrategy):
         self.reducer = BucketedReducer(trained, buckets, self._on_grad, self._launch, self._land,
                                        max_in_flight=2 if self.overlap_comm else 1)
 
+    def build_optimizer(self, build):
+        """With the masters in NVMe the step runs behind the next forward (step_behind.py):
+        each gather waits for its parameters' blocks."""
+        optimizer = super().build_optimizer(build)
+        if self.stepper is not None and self.offload.kind == "nvme":
+            self.stepper.runs_behind = True
+            self.behind = self.stepper.behind
+            self.gatherer.ready = self.behind.wait
+        return optimizer
+
     def begin_forward(self) -> None:
+        self._trim.now()
         self.schedule.begin_forward()
 
     # ---- backward ------------------------------------------------------------------------
     def begin_backward(self, boundary: bool) -> None:
+        self.behind.join()  # the gradient shards are the step's until it is done
+        self._trim.now()
         self.schedule.begin_backward()
         self.reducer.arm()
         self.offload.before_backward(boundary)
@@ -124,6 +143,7 @@ class ShardedParameters(ZeroStrategy):
         return self.comm.reduce_scatter(bucket.out, bucket.data.view(-1), async_op=True)
 
     def _land(self, bucket: Bucket) -> None:
+        self._trim.tick()
         acc = self.master_grads[bucket.group][bucket.start : bucket.end]
         if bucket.out.data_ptr() == acc.data_ptr():
             self.averaging.scale_after_sum(acc)
@@ -144,8 +164,9 @@ class ShardedParameters(ZeroStrategy):
     def after_step(self) -> None:
         # separate masters were written into the stores block by block
         self.gatherer.release_all(force=True)  # persistent params must be gathered fresh
-        self.zero_grad()
+        self.behind.then(self.zero_grad)
 
+    @settled
     def zero_grad(self) -> None:
         torch._foreach_zero_(self.master_grads)
         self._grads_zero = True
@@ -154,6 +175,7 @@ class ShardedParameters(ZeroStrategy):
     def where_params(self) -> list:
         return [p for fg in self.groups for p in fg.params]
 
+    @settled
     def write_back(self, own: dict[int, list[int]], src: int) -> None:
         """After a modification under GatheredParameters: rank `src`'s whole values become
         every rank's chunk (and fp32 master)."""
@@ -169,11 +191,13 @@ class ShardedParameters(ZeroStrategy):
                 if self.stepper is not None and gi < self.trained_groups:
                     self.stepper.write_master(gi, at, mine)
 
+    @settled
     def full_state_dict(self, module: torch.nn.Module) -> dict:
         """The module's state dict with every parameter whole (a collective: all ranks call)."""
         with GatheredParameters(self.where_params()):
             return {k: v.clone() for k, v in module.state_dict().items()}
 
+    @settled
     def state_entries(self, module: torch.nn.Module) -> list:
         """One parameter whole at a time: each sharded tensor is gathered by its own fetch and
         released after it, so a model larger than one rank's memory can be written out. Every
@@ -195,6 +219,7 @@ class ShardedParameters(ZeroStrategy):
     def sharded_param_ids(self) -> set[int]:
         return set(self.where)
 
+    @settled
     def memory_tensors(self) -> list[tuple[str, str, torch.Tensor | int]]:
         # whole parameters may share one mapping (pages.py): their own bytes, not its size
         whole = sum(p.numel() * p.element_size() for p in self.gatherer.whole.values())
@@ -204,6 +229,7 @@ class ShardedParameters(ZeroStrategy):
     def nvme_bytes(self) -> dict[str, int]:
         return dict(super().nvme_bytes(), params=sum(s.nvme_bytes for s in self.stores))
 
+    @settled
     def close(self) -> None:
         """Remove hooks and swap files (engine.destroy). The parameters stay released."""
         super().close()
@@ -211,6 +237,7 @@ class ShardedParameters(ZeroStrategy):
         for store in self.stores:
             store.close()
 
+    @settled
     def detach_model(self) -> None:
         """Every parameter whole again in storage of its own, a plain nn.Parameter, no hooks (a
         collective: a later initialize on the same model calls it on every rank)."""
@@ -224,12 +251,14 @@ class ShardedParameters(ZeroStrategy):
                 make_plain(q)
         super().detach_model()
 
+    @settled
     def state_dict(self) -> dict:
         state = {"shards": [s.full() for s in self.stores], **super().state_dict()}
         if "masters" in state:  # one entry per layout group; a frozen group has no master
             state["masters"] += [None] * (len(self.groups) - self.trained_groups)
         return state
 
+    @settled
     def load_state_dict(self, state: dict) -> None:
         if "shards" in state:
             for store, shard in zip(self.stores, state["shards"]):

@@ -95,6 +95,9 @@ class Gatherer:
         self.slot_of = {id(p): i for i, p in enumerate(params)}  # index into self.memory.buffers
         for p in params:
             p.data = self._empty
+        #: ready(group, lo, hi) returns once that shard range holds the latest step's values
+        #: (the step may still run behind: step_behind.py)
+        self.ready = _always_ready
 
     @property
     def reads_files(self) -> bool:
@@ -127,6 +130,7 @@ class Gatherer:
             small = [i for i in todo if id(group.params[i]) in self.persistent]
             large = [i for i in todo if id(group.params[i]) not in self.persistent]
             for lo, hi, run in group.runs(large, store.max_read) + group.runs(small, store.max_read):
+                self.ready(gi, lo, hi)
                 if len(run) == 1:  # the parameter's own buffer is the gathered layout: no copy-out
                     slot = self.slot_of[id(group.params[run[0]])]
                     self.memory.acquire(slot)
@@ -189,3 +193,7 @@ class Gatherer:
     def release_all(self, force: bool = False) -> None:
         self.drain()
         self.release(list(self.whole.values()), force=force)
+
+
+def _always_ready(gi: int, lo: int, hi: int) -> None:
+    """No step runs behind."""

@@ -6,7 +6,9 @@ engine only sequences it, once per micro-batch and once per optimizer step:
     engine(batch)          begin_forward()
     engine.backward(loss)  begin_backward(boundary) -> autograd (buckets reduce) -> end_backward()
     engine.step()          grad_norm(scale) -> prepare_step(coef) -> optimizer.step() -> after_step()
-                           (or zero_grad() when the step is skipped)
+                           (or zero_grad() when the step is skipped); at stage 3 with the
+                           masters in NVMe, optimizer.step() only starts the step, which runs
+                           behind the next forward (step_behind.py: `behind`)
 
 `ZeroStrategy` is both the contract (every member below, with what it promises) and the
 home of what the stages share: the param groups in layout order, the fp32 masters, the
@@ -29,6 +31,7 @@ from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .averaging import Averaging, attach_and_scale, plan_averaging
 from .blockwise_optimizer import BlockwiseOptimizer, MasterGroup
 from .offload_placement import OptimizerOffload
+from .step_behind import StepBehind, settled
 
 log = logging.getLogger("zerotrain")
 
@@ -85,6 +88,8 @@ class ZeroStrategy(ABC):
         self.master_grads: list[torch.Tensor] = []
         self._models: list[tuple] = []  # per trained group: (numel, read, write) of the model's values
         self.stepper: BlockwiseOptimizer | None = None
+        #: the optimizer step still running behind the forward (stage 3 with NVMe; idle elsewhere)
+        self.behind = StepBehind()
 
     # ---- shared construction --------------------------------------------------------------
     def _make_masters(self, models: list, grads: list[torch.Tensor] | None = None) -> None:
@@ -153,6 +158,7 @@ class ZeroStrategy(ABC):
         freed the gradients during backward, refuse them in one line rather than drop them."""
         refuse_assigned_grads(self, self.groups[: self.trained_groups])
 
+    @settled
     def grad_norm(self, loss_scale: float = 1.0) -> float:
         """Global L2 norm of the averaged, unscaled gradients; inf/nan on any rank's overflow
         reaches every rank (the same decision everywhere). The first call of a step."""

@@ -155,7 +155,7 @@ def test_hf_template_through_initialize_uses_defaults_for_block_autos():
     zero = engine.config.zero_optimization
     assert not engine.config.fp16.enabled and not engine.config.bf16.enabled
     assert zero.reduce_bucket_size == 2**21 and zero.gather_16bit_weights_on_model_save is False
-    assert zero.sub_group_size == 2**18 and zero.prefetch_bucket_size == engine.strategy.schedule.prefetch_numel
+    assert zero.sub_group_size == 2**20 and zero.prefetch_bucket_size == engine.strategy.schedule.prefetch_numel
     engine.destroy()
     with pytest.raises(ConfigError, match=r"^optimizer\.params\.lr is 'auto', which only the Trainer fills in"):
         zerotrain.initialize(model=mlp(), config={**cfg, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})

@@ -46,3 +46,19 @@ def test_large_freed_blocks_leave_the_process():
                       for how in ("dynamic", "fixed"))
     assert dynamic < 0.2  # why return_large_blocks exists: glibc keeps them
     assert fixed > 0.9
+
+
+def test_the_trimmer_trims_at_boundaries_and_every_nth_event(monkeypatch):
+    from zerotrain.zero import host_memory
+
+    trims = []
+    monkeypatch.setattr(host_memory, "release_freed_memory", lambda: trims.append(1))
+    every = host_memory.Trimmer(every=3)
+    for _ in range(7):
+        every.tick()
+    assert len(trims) == 2  # after the 3rd and the 6th
+    every.now()
+    assert len(trims) == 3
+    never = host_memory.Trimmer(every=0)
+    never.tick(), never.now()
+    assert len(trims) == 3
