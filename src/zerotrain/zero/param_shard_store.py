@@ -127,8 +127,7 @@ class ParamStore:
                 if len(self._writes) < WRITES_BEHIND:
                     break
                 oldest = self._writes[0][2]
-            oldest.result()
-            self._prune()
+            self._wait(oldest)
         future = self._writer.submit(self.file.write_from, lo, values)
         with self._lock:
             self._writes.append((lo, lo + values.numel(), future))
@@ -140,11 +139,17 @@ class ParamStore:
         with self._lock:
             waits = [f for a, b, f in self._writes if a < hi and lo < b]
         for f in waits:
-            f.result()
-        self._prune()
+            self._wait(f)
 
-    def _prune(self) -> None:
-        """Forget the writes done without error (a failed one stays, to be raised)."""
+    def _wait(self, future: Future) -> None:
+        """Wait for one queued write; forget it and those done before it without error (a
+        failed one is forgotten once its error has been raised)."""
+        try:
+            future.result()
+        except BaseException:
+            with self._lock:
+                self._writes = deque(w for w in self._writes if w[2] is not future)
+            raise
         with self._lock:
             while self._writes and self._writes[0][2].done() and self._writes[0][2].exception() is None:
                 self._writes.popleft()
