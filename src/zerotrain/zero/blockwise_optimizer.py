@@ -156,13 +156,14 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         return [self.master_files[gi]] + ([self._state_tensor(gi, k) for k in self.state_keys]
                                           if self.steps[gi] or written else [])
 
-    def _read(self, gi: int, lo: int, hi: int):
-        """(master, state, reads, buffer) of a block: views when resident; with nvme, views of
-        a block buffer being filled by one pool task (the buffer goes back to `_free` once
-        written)."""
+    def _read(self, item):
+        """(master, state, read, buffer) of a plan item's block: views when resident; with
+        nvme, views of a block buffer being filled by one pool task (`read`, its future; the
+        buffer goes back to `_free` once written)."""
+        gi, _, lo, hi = item
         if self.folder is None:
             state = {k: self._state_tensor(gi, k)[lo:hi] for k in self.state_keys} if self.steps[gi] else {}
-            return self.masters[gi][lo:hi], state, [], None
+            return self.masters[gi][lo:hi], state, None, None
         rows = 1 + len(self.state_keys)
         buffer = self._free.pop() if self._free else None
         if buffer is None or buffer.shape[0] < rows:  # none yet, or made before the state was known
@@ -172,14 +173,14 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         files = self._files(gi)
         views = [buffer[row, : hi - lo] for row in range(len(files))]
         state = dict(zip(self.state_keys, views[1:]))
-        return views[0], state, [self.pool.submit(_read_rows, files, lo, views)], buffer
+        return views[0], state, self.pool.submit(_read_rows, files, lo, views), buffer
 
-    def _hint(self, item) -> None:
-        """nvme: the kernel starts reading a block that comes READ_AHEAD blocks later."""
+    def _hint(self, items) -> None:
+        """nvme: the kernel starts reading these plan items' blocks (READ_AHEAD blocks ahead)."""
         if self.folder is not None:
-            gi, _, lo, hi = item
-            for f in self._files(gi):
-                f.will_need(lo, hi - lo)
+            for gi, _, lo, hi in items:
+                for f in self._files(gi):
+                    f.will_need(lo, hi - lo)
 
     def _grad(self, g: MasterGroup, lo: int, hi: int) -> torch.Tensor:
         """The block's gradient in fp32 where the step runs: a view when it is so already,
@@ -207,7 +208,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             gi, _, lo, hi = plan[count]
             nbytes -= 4 * len(self._files(gi)) * (hi - lo)
             count += 1
-        self.pool.submit(lambda: [self._hint(item) for item in plan[:count]])
+        self.pool.submit(self._hint, plan[:count])
 
     # ---- the step ----------------------------------------------------------------------------
     def _plan(self, backwards: bool = False) -> list[tuple[int, int, int, int]]:
@@ -244,20 +245,17 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         # nvme: one block stepped, one read ahead when two fit, the rest written behind
         read_ahead = self.folder is None or self.buffer_count >= 2
         most_writes = self.buffer_count - 1 - read_ahead
-        writes: list[tuple[list[Future], torch.Tensor]] = []
-        for item in plan[1 : READ_AHEAD + 1]:
-            self._hint(item)
-        ahead = self._read(*(plan[0][0], *plan[0][2:]))
-        for k, (gi, b, lo, hi) in enumerate(plan):
+        writes: list[tuple[Future, torch.Tensor]] = []
+        self._hint(plan[1 : READ_AHEAD + 1])
+        ahead = self._read(plan[0])
+        for at, (gi, b, lo, hi) in enumerate(plan):
             g = self.groups[gi]
-            master, state_in, reads, buffer = ahead
-            if k + 1 < len(plan) and read_ahead:
-                nxt = plan[k + 1]
-                ahead = self._read(nxt[0], *nxt[2:])
-            if k + READ_AHEAD + 1 < len(plan):
-                self._hint(plan[k + READ_AHEAD + 1])
-            for f in reads:
-                f.result()
+            master, state_in, read, buffer = ahead
+            if at + 1 < len(plan) and read_ahead:
+                ahead = self._read(plan[at + 1])
+            self._hint(plan[at + READ_AHEAD + 1 : at + READ_AHEAD + 2])
+            if read is not None:
+                read.result()
             # fp32 on this device already: a view, scaled in place (the strategy clears it
             # after the step anyway); otherwise a copy of one block
             grad = self._grad(g, lo, hi)
@@ -287,21 +285,19 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                         self._state_tensor(gi, key)[lo:hi].copy_(state[key])
             else:
                 rows = [master] + [state[key] for key in self.state_keys]
-                writes.append(([self.pool.submit(_write_rows, self._files(gi, written=True), lo, rows)], buffer))
+                writes.append((self.pool.submit(_write_rows, self._files(gi, written=True), lo, rows), buffer))
                 while len(writes) > most_writes:
                     self._written(*writes.pop(0))
-                if k + 1 < len(plan) and not read_ahead:
-                    nxt = plan[k + 1]
-                    ahead = self._read(nxt[0], *nxt[2:])
+                if at + 1 < len(plan) and not read_ahead:
+                    ahead = self._read(plan[at + 1])
             state.clear()
         for block_writes in writes:
             self._written(*block_writes)
-        for gi in sorted({item[0] for item in plan}):
+        for gi in range(len(self.groups)):  # every plan holds every group
             self.steps[gi] += 1
 
-    def _written(self, futures: list[Future], buffer: torch.Tensor) -> None:
-        for f in futures:
-            f.result()
+    def _written(self, write: Future, buffer: torch.Tensor) -> None:
+        write.result()
         self._free.append(buffer)
         self._in_use -= 1
 
