@@ -10,7 +10,7 @@ mutmut (3.x, pinned in the test extras) makes small edits to the code (`<` -> `<
 function; a mutant no test notices is a gap in the tests or an edit that changes nothing.
 Each module runs on its own unit tests only (MODULES), in a scratch folder
 build/mutation/<module>/ that holds links to src/ and tests/ and a pyproject.toml with the
-module's [tool.mutmut] table (and the README, which a config test reads): mutmut copies src/
+module's [tool.mutmut] table (and docs/, whose key page a config test reads): mutmut copies src/
 into mutants/ there and puts that copy first on sys.path, so the tests import the mutated
 code, never the editable install. Results are kept between runs (mutmut only reruns what
 changed); --fresh starts over, --rerun-survivors tests the survivors again (after new tests).
@@ -95,14 +95,14 @@ def prepare(name: str, fresh: bool) -> Path:
     if fresh and where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True, exist_ok=True)
-    for link in ("src", "tests", "README.md"):  # the README: a config test checks its key table
+    for link in ("src", "tests", "docs"):  # docs/: a config test compares docs/config-keys.md with the schema
         if not (where / link).exists():
             (where / link).symlink_to(ROOT / link)
     (where / "conftest.py").write_text(ORDER_CONFTEST)
     (where / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
-        'also_copy = ["README.md", "conftest.py"]\n'
+        'also_copy = ["docs", "conftest.py"]\n'
         f"only_mutate = {_toml_list(files)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'

@@ -160,7 +160,7 @@ def rows(cfg) -> list[tuple[str, str, str]]:
 
 
 def key_table(model=None, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, class, why) for every key of the schema, blocks opened up: the README's
+    """(dotted key, class, why) for every key of the schema, blocks opened up: docs/config-keys.md's
     table, and what the test that no key is unclassified walks."""
     model = model or ZeroTrainConfig
     out = []

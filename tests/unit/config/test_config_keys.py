@@ -1,5 +1,5 @@
-"""Every DeepSpeed key in exactly one class (acts / no effect / refused), the README's table of
-them, and what `zerotrain config` prints."""
+"""Every DeepSpeed key in exactly one class (acts / no effect / refused), the page that lists
+them (docs/config-keys.md, generated from the schema), and what `zerotrain config` prints."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from zerotrain.cli import main
 from zerotrain.config import EFFECTS, load_config
 from zerotrain.config.report import key_table, no_effect_keys, notice, rows
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "config-keys.md"
 
 # DeepSpeed 0.19.8's keys, read from its DeepSpeedConfig (top level: every key it looks up) and
 # its pydantic models (zero_optimization, offload_*, fp16, bf16). Each must be a key here.
@@ -82,10 +82,21 @@ def test_every_deepspeed_key_is_a_key_here(block, keys):
     assert not missing, f"DeepSpeed keys of {block or 'the top level'} zerotrain does not know: {missing}"
 
 
-def test_readme_table_lists_every_key_with_its_class():
-    text = README.read_text(encoding="utf-8")
+def test_keys_page_is_what_the_generator_writes():
+    from zerotrain.config.keys_doc import render
+
+    text, want = PAGE.read_text(encoding="utf-8"), render()
+    page, lines = text.splitlines(), want.splitlines()
+    differ = next((i for i, (a, b) in enumerate(zip(page, lines)) if a != b), min(len(page), len(lines)))
+    assert text == want, (f"docs/config-keys.md differs from the schema at line {differ + 1}: "
+                          f"{page[differ] if differ < len(page) else '(end of page)'!r}; write it again with "
+                          "`python -m zerotrain.config.keys_doc > docs/config-keys.md`")
+
+
+def test_keys_page_lists_every_key_with_its_class():
+    text = PAGE.read_text(encoding="utf-8")
     wrong = [key for key, effect, why in key_table() if f"| `{key}` | {effect} | {why} |" not in text]
-    assert not wrong, f"README's key table is missing, misclasses or gives another reason for: {wrong[:10]}"
+    assert not wrong, f"the keys page is missing, misclasses or gives another reason for: {wrong[:10]}"
     # the reason is zerotrain's own default where it chose one, else the key's description
     assert ("max_consecutive_skipped_steps", "acts", "100 (zerotrain's own key)") in key_table()
 
@@ -154,13 +165,13 @@ def test_config_command_lists_refusals_and_exits_2(tmp_path, capsys):
         "zerotrain: error: zero_optimization.stagee: unknown key, did you mean stage?")
 
 
-def test_readme_table_has_no_key_the_schema_lacks():
+def test_keys_page_has_no_key_the_schema_lacks():
     import re
 
     from zerotrain.config import EFFECTS
 
     row = re.compile(r"^\| `([^`]+)` \| (" + "|".join(map(re.escape, EFFECTS)) + r") \|", re.M)
-    listed = {m.group(1) for m in row.finditer(README.read_text(encoding="utf-8"))}
+    listed = {m.group(1) for m in row.finditer(PAGE.read_text(encoding="utf-8"))}
     table = {key for key, _, _ in key_table()}
     assert listed == table  # both ways: a block's keys after another block's are walked too
     assert {"zero_optimization.offload_param.device", "wall_clock_breakdown",
@@ -193,9 +204,9 @@ def test_sources_word_for_word():
     assert notice(load_config({"train_batch_size": 8})) is None
 
 
-def test_readme_counts_each_class():
+def test_keys_page_counts_each_class():
     counts = collections.Counter(cls for _, cls, _ in key_table())
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     assert f"{sum(counts.values())} keys in all" in text
     for cls, n in counts.items():
-        assert f"- **{cls}** ({n})" in text, f"README should say {cls} ({n})"
+        assert f"- **{cls}** ({n})" in text, f"the keys page should say {cls} ({n})"
