@@ -59,7 +59,7 @@ REPO = HERE.parent
 SRC = REPO / "src"
 DS_VENV = HERE / ".ds-venv"
 
-# step-time and peak-RSS targets for zerotrain / DeepSpeed (issue 3, acceptance item 6); at stage
+# step-time and peak-RSS targets for zerotrain / DeepSpeed; at stage
 # 0 the step time is judged against torch's DDP instead, the floor there: at most 2% slower
 TIME_TARGET, RSS_TARGET = 0.9, 1.0
 DDP_TIME_TARGET = 1.02

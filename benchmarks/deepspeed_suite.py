@@ -24,8 +24,8 @@ first use `pip install --target benchmarks/.suite-pytest "pytest>=8.3,<8.4"` put
 
 Each test counts as one of:
   passed
-  failed          listed in DIFFERENCES (a deliberate difference, README "Deliberate
-                  differences from DeepSpeed's tests") or not; the unlisted ones are printed
+  failed          listed in DIFFERENCES (a deliberate difference, docs/migrating.md
+                  "DeepSpeed's own tests") or not; the unlisted ones are printed
   not applicable  by the rules below, never by editing results:
                   1. the test skipped itself (it needs CUDA, a compiled DeepSpeed kernel, or
                      says the CPU accelerator cannot run it);
@@ -111,7 +111,7 @@ NOT_CLAIMED = {
 }
 
 # Failures that come from a deliberate difference: (regex on the test id, regex on the failure's
-# text, the ranks' tracebacks included, why). Each is in README.md, "Deliberate differences from DeepSpeed's tests".
+# text, the ranks' tracebacks included, why). Each is in docs/migrating.md, "DeepSpeed's own tests".
 # A test that hung has no text: an entry with the failure pattern _HUNG lists it by its id alone.
 _HUNG = "(no result)"  # the failure pattern of a test whose pytest.raises did not raise (nothing recorded)
 _WRAPPER = ("DeepSpeedZeroOptimizer", "FP16_Optimizer", "FP16_UnfusedOptimizer", "BF16_Optimizer")
@@ -219,7 +219,7 @@ def _unsupported_keys(src: Path) -> dict[str, str | None]:
     try:
         from zerotrain.config import REFUSED, ZeroTrainConfig
         from zerotrain.config.base import field_class, spellings
-    except ImportError:  # a zerotrain from before its config classes (issue 14): one set of names
+    except ImportError:  # an older zerotrain, whose config has no classes: one set of names
         from zerotrain.config import UNSUPPORTED_KEYS
         return dict.fromkeys(UNSUPPORTED_KEYS)
 

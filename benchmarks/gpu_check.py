@@ -1,4 +1,4 @@
-"""One short pass over zerotrain's CUDA paths, for a session that is lent a GPU machine.
+"""One short pass over zerotrain's CUDA paths, on a machine with a CUDA GPU.
 
     python3 benchmarks/gpu_check.py --out DIR     on the GPU machine: about 2-3 minutes
     python benchmarks/gpu_check.py --dry-run      here, on CPU and gloo: the script's own logic
@@ -25,7 +25,7 @@ The GPU machine's python3 holds a CUDA torch but not pydantic. Its wheels travel
     python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
         --implementation cp --platform manylinux2014_x86_64 -d .whl \\
         pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-then run, with carry [".whl"] and a timeout of about 420 s:
+then copy `.whl` to the GPU machine along with the tree and run (it finishes within 7 minutes):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT
 """

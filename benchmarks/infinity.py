@@ -1,4 +1,4 @@
-"""ZeRO-Infinity at the size of issue 17: a 1.23B-parameter GPT on 2 ranks of this machine.
+"""ZeRO-Infinity at 1.23B parameters: one GPT on 2 ranks of this machine, parameters and optimizer on NVMe.
 
     python benchmarks/infinity.py [--nvme-path DIR] [--layers 24] [--steps 3] [--skip-cpu] [--skip-trainer] [--skip-resume] [--only-trainer]
 
@@ -23,7 +23,7 @@ at a time (each takes most of the machine), every job a torchrun of 2 processes:
   trainer    the model saved as a folder, then `zerotrain train --model_name_or_path` at stage
              3 + NVMe for 3 steps: the trainer's ranks' peak RSS
 
-Targets (issue 17): peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`.
+Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 GIB = 1 << 30
-RSS_TARGET_GIB = 3  # issue 17: peak RSS per rank of the nvme, resume and trainer jobs
+RSS_TARGET_GIB = 3  # the target: peak RSS per rank of the nvme, resume and trainer jobs
 
 
 def _kib(field: str) -> int:

@@ -1,4 +1,4 @@
-"""The largest GPT each framework trains on 2 ranks of this machine (issue 17, acceptance item 4).
+"""The largest GPT each framework trains on 2 ranks of this machine.
 
     python benchmarks/largest_model.py [--frameworks ddp,zerotrain,zerotrain-nvme,deepspeed-nvme]
         [--max-layers N] [--budget-gib G] [--nvme-path DIR] [--quick]
@@ -36,7 +36,7 @@ the disk's own sequential figures (a --disk-test-gib file written and read back 
 O_DIRECT in the nvme folder). "Disk busy" is the share of the step the disk would need for that
 traffic at its sequential speed: read_bytes / seq_read + write_bytes / seq_write over the step.
 
-Targets (issue 17): zerotrain's largest >= 3B parameters and >= 1.5x DeepSpeed's largest; at
+Targets: zerotrain's largest >= 3B parameters and >= 1.5x DeepSpeed's largest; at
 DeepSpeed's largest size zerotrain-nvme's step time <= 0.9x DeepSpeed's (one extra job at that
 size when the search did not probe it); disk busy >= 70% in the NVMe step.
 
@@ -71,7 +71,7 @@ LOW_MEMORY_FLOOR = 1 * GIB  # the parent kills a probe when MemAvailable falls u
 RESERVE = 3 * GIB  # left to the machine when the default budget is computed
 FRAMEWORKS = ("ddp", "zerotrain", "zerotrain-nvme", "deepspeed-nvme")
 NVME = ("zerotrain-nvme", "deepspeed-nvme")
-# targets (issue 17, acceptance item 4)
+# targets: zerotrain's largest size, its ratio to DeepSpeed's, step time at DeepSpeed's size, disk busy
 MIN_PARAMS, OVER_DS, TIME_TARGET, DISK_TARGET = 3e9, 1.5, 0.9, 0.7
 
 
@@ -112,7 +112,7 @@ def model_config(args) -> dict:
 
 
 def engine_config(args, offload: bool, nvme: str | None) -> dict:
-    """The one config zerotrain and DeepSpeed read (issue 17's ZeRO-Infinity job)."""
+    """The one config zerotrain and DeepSpeed read (the ZeRO-Infinity job of infinity.py)."""
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": args.sub_group_size}
     if offload:
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme}
@@ -445,7 +445,7 @@ def targets(largest: dict, args, ctx: dict) -> None:
     zt = [largest[f] for f in ("zerotrain", "zerotrain-nvme") if largest.get(f)]
     ds = largest.get("deepspeed-nvme")
     print()
-    print("targets (issue 17):")
+    print("targets:")
     zt_best = max(zt, key=lambda r: r["params"]) if zt else None
     if zt_best:
         print(f"  zerotrain's largest ({zt_best['framework']}, {zt_best['params'] / 1e9:.3f}B) >= "

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_check.py is run only when a session is lent a GPU, a few times a year: its
-dry run (tiny model, CPU, gloo) keeps the script working in between, so that device time is
+"""benchmarks/gpu_check.py runs only where there is a CUDA GPU, which this suite does not need: its
+dry run (tiny model, CPU, gloo) keeps the script working on CPU, so that GPU time is
 not spent on the script's own bugs. Two of its cases, one with offload (~10 s)."""
 
 from __future__ import annotations
