@@ -53,7 +53,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "schedules": (["src/zerotrain/schedules/*"], ["tests/unit/schedules"]),
     "precision": (["src/zerotrain/precision/*"], ["tests/unit/precision"]),
     "features": (["src/zerotrain/features/*"], ["tests/unit/features"]),
-    "config": (["src/zerotrain/config/*"], ["tests/unit/config"]),
+    "config": (["src/zerotrain/config/*", "src/zerotrain/parallel/pipeline/config.py",
+                "src/zerotrain/parallel/tensor/config.py"], ["tests/unit/config"]),
 }
 
 # Tests a --quick pass leaves out (their survivors then need a full --rerun-survivors)

@@ -160,8 +160,8 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
 def _layout(model, comm, mpu, tensor: int) -> Layout:
     """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
     from .pipe import PipelineModule
-    from .pipe.setup import pipeline_layout
-    from .parallel.tensor import tensor_layout
+    from .parallel.pipeline.setup import pipeline_layout
+    from .parallel.tensor.setup import tensor_layout
 
     if isinstance(model, PipelineModule):
         return pipeline_layout(model, comm, mpu)

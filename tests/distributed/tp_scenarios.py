@@ -101,7 +101,7 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
             engine.save_checkpoint(save[0])
             saved = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}  # gathered whole
     whole = {k: v.detach().clone() for k, v in engine.module_state_dict().items()}
-    from zerotrain.comm.tensor_parallel import local
+    from zerotrain.parallel.tensor.dtensor import local
 
     lm = net if model == "gpt" else net.model if model == "llama" else net
     embedding, head = lm.get_input_embeddings() if model != "gpt" else lm.wte, lm.lm_head

@@ -1,5 +1,6 @@
-"""Structure rules for src/zerotrain: one layer talks to torch.distributed, the engine names no
-feature, the ZeRO stages meet one written contract, modules stay small."""
+"""Structure rules for src/zerotrain: one layer talks to torch.distributed (one folder each to its
+DTensor and pipelining layers), the engine names no feature, the ZeRO stages meet one written
+contract, modules stay small."""
 
 from __future__ import annotations
 
@@ -24,27 +25,36 @@ def _is_dist(name: str | None) -> bool:
     return name is not None and (name == "torch.distributed" or name.startswith("torch.distributed."))
 
 
-def distributed_uses(source: str, filename: str = "<src>") -> list[str]:
-    """`line: text` for each import of torch.distributed, in any spelling, anywhere in the file
-    (module level, inside functions, under `if TYPE_CHECKING`), plus `torch.distributed.x`
-    reached as an attribute of a plain `import torch`."""
+def distributed_imports(source: str, filename: str = "<src>") -> list[tuple[str, str]]:
+    """(`line: text`, module) for each import of torch.distributed, in any spelling, anywhere
+    in the file (module level, inside functions, under `if TYPE_CHECKING`), plus
+    `torch.distributed.x` reached as an attribute of a plain `import torch`. The module is the
+    most precise name the spelling gives: `from torch.distributed import pipelining` is
+    torch.distributed.pipelining, `torch.distributed.is_initialized()` is torch.distributed."""
     tree = ast.parse(source, filename)
     hits = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            hits += [f"{node.lineno}: import {a.name}" for a in node.names if _is_dist(a.name)]
+            hits += [(f"{node.lineno}: import {a.name}", a.name) for a in node.names if _is_dist(a.name)]
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            if _is_dist(node.module):
-                hits.append(f"{node.lineno}: from {node.module} import ...")
+            if node.module == "torch.distributed":
+                hits += [(f"{node.lineno}: from {node.module} import {a.name}", f"{node.module}.{a.name}")
+                         for a in node.names]
+            elif _is_dist(node.module):
+                hits.append((f"{node.lineno}: from {node.module} import ...", node.module))
             elif node.module == "torch" and any(a.name == "distributed" for a in node.names):
-                hits.append(f"{node.lineno}: from torch import distributed")
+                hits.append((f"{node.lineno}: from torch import distributed", "torch.distributed"))
         elif isinstance(node, ast.Attribute) and node.attr == "distributed" \
                 and isinstance(node.value, ast.Name) and node.value.id == "torch":
-            hits.append(f"{node.lineno}: torch.distributed")
+            hits.append((f"{node.lineno}: torch.distributed", "torch.distributed"))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and re.fullmatch(r"torch\.distributed(\.\w+)*", node.value):
-            hits.append(f"{node.lineno}: '{node.value}' (dynamic import?)")
+            hits.append((f"{node.lineno}: '{node.value}' (dynamic import?)", node.value))
     return hits
+
+
+def distributed_uses(source: str, filename: str = "<src>") -> list[str]:
+    return [text for text, _ in distributed_imports(source, filename)]
 
 
 @pytest.mark.parametrize("snippet", [
@@ -76,19 +86,53 @@ def test_detector_ignores_other_imports(snippet):
     assert distributed_uses(snippet) == []
 
 
+# torch's DTensor and pipelining layers are wrapped beside the parallelism that uses them, each
+# in its own folder and nowhere else; the rest of torch.distributed stays in comm/.
+WRAPPED = {"torch.distributed.tensor": PACKAGE / "parallel" / "tensor",
+           "torch.distributed.pipelining": PACKAGE / "parallel" / "pipeline"}
+
+
+def misplaced(path: Path, module: str) -> bool:
+    """Whether importing `module` (a torch.distributed name) breaks the layering in `path`."""
+    for wrapped, home in WRAPPED.items():
+        if module == wrapped or module.startswith(wrapped + "."):
+            return home not in path.parents
+    return path.parent != COMM.parent
+
+
+@pytest.mark.parametrize("snippet, where, ok", [
+    ("from torch.distributed.tensor import DTensor", "parallel/tensor/dtensor.py", True),
+    ("import torch.distributed.pipelining as pp", "parallel/pipeline/schedules.py", True),
+    ("from torch.distributed import pipelining as pp", "parallel/pipeline/schedules.py", True),
+    ("import torch.distributed", "parallel/tensor/dtensor.py", False),
+    ("import torch.distributed as dist", "parallel/pipeline/schedules.py", False),
+    ("from torch.distributed import all_reduce", "parallel/tensor/dtensor.py", False),
+    ("from torch.distributed.tensor import DTensor", "parallel/pipeline/engine.py", False),
+    ("from torch.distributed.tensor import DTensor", "comm/mesh.py", False),
+    ("import torch.distributed.pipelining", "zero/stage2.py", False),
+    ("from torch.distributed.device_mesh import init_device_mesh", "comm/mesh.py", True),
+])
+def test_wrapped_layers_stay_home(snippet, where, ok):
+    path = PACKAGE / where
+    assert all(not misplaced(path, module) for _, module in distributed_imports(snippet)) == ok
+
+
 def test_only_the_dist_package_imports_torch_distributed():
     """Collectives go through comm/collectives.py; the torchrun launcher (comm/launch.py) is the
-    only other piece of the communication layer."""
+    only other piece of the communication layer. torch's DTensor and pipelining layers are
+    imported only in parallel/tensor/ and parallel/pipeline/ respectively."""
     offenders = {}
     for path in modules():
-        if path.parent == COMM.parent:
-            continue
-        hits = distributed_uses(path.read_text(encoding="utf-8"), str(path))
+        hits = [text for text, module in distributed_imports(path.read_text(encoding="utf-8"), str(path))
+                if misplaced(path, module)]
         if hits:
             offenders[str(path.relative_to(PACKAGE.parent))] = hits
-    assert not offenders, ("torch.distributed is used outside zerotrain/comm/; route it "
-                           f"through Comm: {offenders}")
+    assert not offenders, ("torch.distributed is used outside zerotrain/comm/ (DTensor outside parallel/tensor/, "
+                           f"pipelining outside parallel/pipeline/); route it through Comm: {offenders}")
     assert distributed_uses(COMM.read_text(encoding="utf-8"))  # and comm.py really is the one
+    for wrapped, home in WRAPPED.items():  # and each wrapped layer really is used at its home
+        assert any(m.startswith(wrapped) for p in home.rglob("*.py")
+                   for _, m in distributed_imports(p.read_text(encoding="utf-8"))), f"{wrapped} not found in {home}"
 
 
 def test_modules_stay_small():

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from ..comm.tensor_parallel import model_order
+from ..parallel.tensor.dtensor import model_order
 from ..errors import CheckpointError
 from ..zero.layout import GroupLayout
 from .safetensors_out import save_safetensors

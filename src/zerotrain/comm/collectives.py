@@ -155,6 +155,12 @@ def init_parallel(timeout_s: float | None = None) -> ParallelState:
                          backend=backend, local_world_size=_env_int("LOCAL_WORLD_SIZE", 0))
 
 
+def ensure_process_group() -> None:
+    """A one-process pipeline still needs a process group for torch's stages."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
 def _start_heartbeat(rank: int, world: int, timeout_s: float | None) -> None:
     global _heartbeat, _timeout_s
     if timeout_s is not None:

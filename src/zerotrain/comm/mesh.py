@@ -6,7 +6,7 @@ the order of DeepSpeed's PipeModelDataParallelTopology (and PipeDataParallelTopo
 tensor size is 1), so a DeepSpeed script's rank arithmetic carries over. Each named dimension
 has its process group from the DeviceMesh; `comm(dim)` wraps it in a Comm whose rank and
 size are the group's (a one-rank dimension gives a Comm that is alone, so its collectives
-are no-ops). DTensor tensor parallelism (comm/tensor_parallel.py) splits layers over
+are no-ops). DTensor tensor parallelism (parallel/tensor/dtensor.py) splits layers over
 `sub_mesh("tensor")`.
 """
 

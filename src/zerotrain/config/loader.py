@@ -21,7 +21,7 @@ from .auto import fill_auto
 from .base import NO_EFFECT, field_class
 from .reader import read_config
 from .schema import FieldProblem, ZeroTrainConfig, spellings, valid_keys
-from .tensor_parallel import TensorParallelConfig
+from ..parallel.tensor.config import TensorParallelConfig
 
 _SHORT_REASONS = {
     "missing": "is missing",

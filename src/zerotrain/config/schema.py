@@ -1,6 +1,8 @@
 """Typed tree for DeepSpeed-style JSON configs: the top level, precision, optimizer,
 scheduler, the legacy curriculum, layer drop and the token budget. ZeRO lives in zero.py,
-data efficiency in data_efficiency.py, the keys for what is not built in extras.py.
+data efficiency in data_efficiency.py, the keys for what is not built in extras.py, the
+pipeline and tensor_parallel blocks beside their parallelism (parallel/pipeline/config.py,
+parallel/tensor/config.py).
 
 Every block forbids unknown keys so a typo is an error, never a silent default; every field
 carries its class (acts / no effect / refused, base.py) and a description that doubles as
@@ -19,8 +21,8 @@ from pydantic import AliasChoices, PrivateAttr, field_validator, model_validator
 from .base import Block, FieldProblem, Float, Int, Number, _no_bool, acts, no_effect, refused, spellings, valid_keys  # noqa: F401
 from .data_efficiency import DataEfficiencyConfig, ScheduleConfig
 from .extras import DeepSpeedExtras, is_off
-from .pipeline import PipelineConfig
-from .tensor_parallel import TensorParallelConfig
+from ..parallel.pipeline.config import PipelineConfig
+from ..parallel.tensor.config import TensorParallelConfig
 from .zero import ZeroConfig
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")

@@ -19,7 +19,7 @@ the global rank.
 
 Everything is plain tensors and Python containers, so loading uses weights_only=True (a
 tensor-parallel DTensor is saved as the piece its rank holds, and model_states.pt's
-"tensor_split" says which dimension it is cut on: comm/tensor_parallel.py).
+"tensor_split" says which dimension it is cut on: parallel/tensor/dtensor.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import random
 import numpy as np
 import torch
 
-from ..comm.tensor_parallel import load_rank_state_dict, rank_state_dict, split_record
+from ..parallel.tensor.dtensor import load_rank_state_dict, rank_state_dict, split_record
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,

@@ -62,5 +62,5 @@ class PreLNBlock(nn.Module):
         return x + F.dropout(self.fc_out(self.act(self.fc(self.ln_2(x)))), p, self.training)
 
 
-# how TensorParallel splits a PreLNBlock (module name within the block -> comm.tensor_parallel style)
+# how TensorParallel splits a PreLNBlock (module name within the block -> parallel/tensor/dtensor.py style)
 TP_PLAN = {"qkv": "fused_colwise:3", "proj": "rowwise", "fc": "colwise", "fc_out": "rowwise"}

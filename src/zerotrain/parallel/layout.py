@@ -1,7 +1,7 @@
 """What initialize needs to know about how the ranks split the model.
 
 The plain case: every rank holds the whole model and ZeRO runs over the world. A pipeline
-(pipe/setup.py), a tensor-parallel split (tensor.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
+(pipeline/setup.py), a tensor-parallel split (tensor/setup.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
 runs over, which model-parallel group the gradient norm spans (parallel/norm.py), what to do
 after the initial weights are broadcast, and which engine to build.
 """

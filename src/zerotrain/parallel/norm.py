@@ -79,7 +79,7 @@ class ModelParallelNorm:
 
     def full_state_dict(self, module: torch.nn.Module) -> dict:
         """Whole tensors: tensor-parallel pieces gathered (a collective over the tensor ranks)."""
-        from ..comm.tensor_parallel import full
+        from .tensor.dtensor import full
 
         params = dict(module.named_parameters(remove_duplicate=False))  # the state dict's copies lose attributes
         with torch.no_grad():

@@ -1,4 +1,5 @@
-"""Pipeline parallelism with DeepSpeed's API on torch.distributed.pipelining.
+"""`zerotrain.pipe`: the DeepSpeed-named alias of zerotrain.parallel.pipeline, so that a
+DeepSpeed script's `from deepspeed.pipe import ...` becomes `from zerotrain.pipe import ...`.
 
     from zerotrain.pipe import PipelineModule, LayerSpec, TiedLayerSpec
     net = PipelineModule(layers=[LayerSpec(Embed, ...), *[LayerSpec(Block, ...)] * 8, LayerSpec(Head, ...)],
@@ -6,16 +7,15 @@
     engine, *_ = zerotrain.initialize(model=net, config="ds_config.json")
     loss = engine.train_batch(data_iter=iter(loader))      # yields (inputs, labels)
 
-module.py (the layers, their partition and per-step context), engine.py (train_batch), data.py
-(reading a step), stages.py (torch's stages per input shape), ties.py (tied layers),
-setup.py (what initialize does with one); comm/pipelining.py and comm/mesh.py hold the torch.distributed side.
+The code lives in parallel/pipeline/ (see its __init__ for the map of its files) and the
+topologies in parallel/topology.py; this module only re-exports their public names.
 """
 
+from ..parallel.pipeline.data import RepeatingLoader
+from ..parallel.pipeline.engine import PipelineEngine
+from ..parallel.pipeline.module import PipelineModule
+from ..parallel.pipeline.spec import LayerSpec, TiedLayerSpec
 from ..parallel.topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
-from .data import RepeatingLoader
-from .engine import PipelineEngine
-from .module import PipelineModule
-from .spec import LayerSpec, TiedLayerSpec
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "PipelineEngine", "RepeatingLoader",
            "ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology"]

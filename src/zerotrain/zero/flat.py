@@ -13,7 +13,7 @@ into the buffer (`p.data = buffer[o:o+n].view(shape)`), which is what lets one c
 one optimizer kernel touch every parameter of the group at once.
 
 A tensor-parallel (DTensor) parameter is laid out by its local piece: its shape here is the
-piece's, and the piece becomes the view (comm.tensor_parallel.rebind), so ZeRO over the
+piece's, and the piece becomes the view (parallel/tensor/dtensor.py: rebind), so ZeRO over the
 data dimension never sees the other tensor ranks' pieces.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.tensor_parallel import like, local, rebind
+from ..parallel.tensor.dtensor import like, local, rebind
 from .layout import FLAT, GroupLayout
 
 

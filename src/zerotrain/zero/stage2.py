@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.tensor_parallel import local
+from ..parallel.tensor.dtensor import local
 from .buckets import Bucket, BucketedReducer, plan_buckets
 from .flat import FlatGroup, FlatModel
 from .strategy import ZeroStrategy

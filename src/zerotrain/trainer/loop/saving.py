@@ -55,7 +55,7 @@ class SavesAndResumes:
             return folder
         state = self.engine.module_state_dict()
         if self.pipe_names is not None:  # every stage's weights, under the model's names
-            from ..pipeline_split import whole_state
+            from ...parallel.pipeline.from_model import whole_state
 
             state = whole_state(self.engine, state, self.pipe_names)
         if writer:

@@ -118,7 +118,7 @@ class Trainer(SavesAndResumes):
             enable_gradient_checkpointing(model)
         trained, self.pipe_names = model, None  # --pipeline_parallel_size: this rank's stage keys -> the model's
         if stages > 1:
-            from ..pipeline_split import split_model
+            from ...parallel.pipeline.from_model import split_model
 
             trained, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"), tensor,
                                                    world)
@@ -162,7 +162,7 @@ class Trainer(SavesAndResumes):
         self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, mlm_probability)
         self.keys = self.micro_batches.keys
         if self.pipe_names is not None:
-            from ..pipeline_split import PipelineMicroBatches
+            from ..pipeline_batches import PipelineMicroBatches
 
             self.micro_batches = PipelineMicroBatches(self.engine, self.keys, self.info.kind, task, tokenizer,
                                                       mlm_probability)
@@ -321,7 +321,7 @@ class Trainer(SavesAndResumes):
     def _evaluate(self, dataset, prefix: str = "eval", predictions: list | None = None) -> dict:
         args = self.args
         if self.pipe_names is not None:
-            from ..pipeline_split import evaluate_pipeline
+            from ..pipeline_batches import evaluate_pipeline
 
             return evaluate_pipeline(self.engine, dataset, collator=self.collator, keys=self.keys, kind=self.info.kind,
                                      task=self.task, batch_size=args.per_device_eval_batch_size,

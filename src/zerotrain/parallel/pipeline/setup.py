@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from ..config.pipeline import NO_EFFECT, PLACEMENT, PipelineConfig
-from ..errors import ConfigError
-from ..parallel.layout import Layout
+from .config import NO_EFFECT, PLACEMENT, PipelineConfig
+from ...errors import ConfigError
+from ..layout import Layout
 from .engine import PipelineEngine
 from .ties import Ties
 
@@ -54,9 +54,9 @@ def _check(module, cfg) -> PipelineConfig:
 
 def pipeline_layout(module, comm, mpu=None) -> Layout:
     """With a tensor axis (topology=PipeModelDataParallelTopology(..., num_mp=T, ...)) each
-    stage's blocks are split over it after the tied copies agree (parallel/tensor.py)."""
-    from ..parallel.tensor import replicated, split_model
-    from ..parallel.topology import Grid
+    stage's blocks are split over it after the tied copies agree (parallel/tensor/setup.py)."""
+    from ..tensor.setup import replicated, split_model
+    from ..topology import Grid
 
     if mpu is not None and not isinstance(mpu, Grid):
         raise ConfigError("initialize: a PipelineModule brings its own topology; do not pass mpu= with it")

@@ -1,7 +1,7 @@
 """The `"tensor_parallel"` block: DeepSpeed's AutoTP training keys.
 
 DeepSpeed 0.19 splits an HF model's linear layers across `autotp_size` ranks (AutoTP) at
-ZeRO 0-2. zerotrain does the same on torch's DTensor (parallel/tensor_plan.py): the model's
+ZeRO 0-2. zerotrain does the same on torch's DTensor (parallel/tensor/plan.py): the model's
 own `base_model_tp_plan` (or zerotrain's for its GPT and BERT) says which projections are
 split colwise and which rowwise. The other keys either do nothing here (named in the notice)
 or would change the split in a way that is not built (refused by name).
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import AliasChoices
 
-from .base import Block, Int, acts, no_effect, refused
+from ...config.base import Block, Int, acts, no_effect, refused
 
 NO_EFFECT = {
     "dtype": "the fp16/bf16 blocks set the training dtype",

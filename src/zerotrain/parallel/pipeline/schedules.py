@@ -5,8 +5,8 @@ moves activations and gradients, torch's schedules order the work. What is here:
 schedule names of the `pipeline.schedule` config key, where each schedule puts a rank's
 stages (one stage; `virtual_stages` stages looped, rank r holding r, r+P, ...; or two in a
 V, rank r holding r and 2P-1-r), a stage that counts the seconds it computes (the bubble is
-the rest of the step), and a one-rank process group for a pipeline of one process (torch's
-stages need a group).
+the rest of the step). A pipeline of one process still needs a process group for torch's
+stages: comm/collectives.py makes a one-rank one.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-from torch.distributed import pipelining as pp
+import torch.distributed.pipelining as pp
 
-from ..errors import ConfigError
+from ...comm.collectives import ensure_process_group
+from ...errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,6 @@ def stage_indices(schedule: str, pipe_rank: int, pipe_size: int, virtual: int) -
     if placement == "loop":
         return [pipe_rank + k * pipe_size for k in range(virtual)]
     return [pipe_rank, 2 * pipe_size - 1 - pipe_rank]
-
-
-def ensure_process_group() -> None:
-    """A one-process pipeline still needs a process group for torch's stages."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 class _TimedStage(pp.PipelineStage):

@@ -19,7 +19,7 @@ and every data-parallel rank drops the same layers. When no layer names `curricu
 the engine cuts the batch and the labels to it before the first stage instead.
 
 With a tensor axis in the topology each stage's layers are split over it at initialize, by
-the plan read from them (parallel/tensor_plan.py), or by `tensor_plan` ({path under these
+the plan read from them (parallel/tensor/plan.py), or by `tensor_plan` ({path under these
 names: style}, for the whole layer list; each rank uses the entries of the layers it holds):
 the trainer reads an HF model's plan from the whole model and names its modules this way.
 """
@@ -34,10 +34,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..comm import init_parallel
-from ..comm.mesh import ParallelMesh
-from ..errors import ConfigError, ModelInterfaceError
-from ..features.layer_drop import keep_mask, keep_probabilities
+from ...comm import init_parallel
+from ...comm.mesh import ParallelMesh
+from ...errors import ConfigError, ModelInterfaceError
+from ...features.layer_drop import keep_mask, keep_probabilities
 from .partition import matching_layers, partition
 from .spec import LayerSpec, TiedLayerSpec, declared_kwargs, trainable_count
 
@@ -207,7 +207,7 @@ class PipelineModule(nn.Module):
         return self.parts
 
     def topology(self):
-        from ..parallel.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
+        from ..topology import PipeDataParallelTopology, PipeModelDataParallelTopology
 
         if self.mesh.size("tensor") > 1:
             return PipeModelDataParallelTopology(self.num_stages, self.mesh.size("tensor"), self.mesh.size("data"))

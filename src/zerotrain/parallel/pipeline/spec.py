@@ -15,7 +15,7 @@ import inspect
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 class LayerSpec:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DataError
-from ..features.batch import cut_sequences, find_sequence
+from ...errors import DataError
+from ...features.batch import cut_sequences, find_sequence
 
 
 class RepeatingLoader:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 def partition_uniform(num_items: int, num_parts: int) -> list[int]:

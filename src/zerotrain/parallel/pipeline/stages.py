@@ -8,14 +8,14 @@ first step at a new length pays the metadata pass (about one micro-batch's forwa
 input-gradient backward, measured by benchmarks/compare_pipeline.py), later steps at that
 length reuse them. The least recently used shape is dropped beyond `capacity`
 (pipeline.max_cached_shapes), which frees its buffers. All ranks of a pipeline use the same
-key (pipe/data.py agrees on it), so they always pick matching stages.
+key (data.py agrees on it), so they always pick matching stages.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..comm.pipelining import Pipeline
+from .schedules import Pipeline
 
 
 class StageCache:

@@ -2,7 +2,7 @@
 
 DeepSpeed reads `stages`, `partition`, `seed_layers`, `activation_checkpoint_interval`,
 `pipe_partitioned`, `grad_partitioned` and `use_reentrant` here. zerotrain acts on each or
-says that it has none (pipe/notices): `pipe_partitioned` and `grad_partitioned` split
+says that it has none (setup.py notices): `pipe_partitioned` and `grad_partitioned` split
 activations across tensor-parallel ranks, which a pipeline of zerotrain does not have.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from .base import Block, FieldProblem, Int, acts, no_effect
+from ...config.base import Block, FieldProblem, Int, acts, no_effect
 
 # single: one stage per rank; loop: virtual_stages per rank; v: exactly two per rank
 PLACEMENT = {"1f1b": "single", "gpipe": "single", "interleaved_1f1b": "loop", "looped_bfs": "loop",

@@ -10,7 +10,7 @@ counts the weight once, on its first holder (parallel/norm.py leaves the other c
 
 from __future__ import annotations
 
-from ..comm.mesh import subgroup_comms
+from ...comm.mesh import subgroup_comms
 
 
 def holder_of(stage: int, pipe_size: int, placement: str) -> int:

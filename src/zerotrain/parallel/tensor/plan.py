@@ -22,9 +22,9 @@ import re
 
 from torch import nn
 
-from ..errors import ConfigError
-from ..models.block import TP_PLAN, PreLNBlock
-from ..models.gpt import GPT
+from ...errors import ConfigError
+from ...models.block import TP_PLAN, PreLNBlock
+from ...models.gpt import GPT
 
 _FIX = "set tensor_parallel.autotp_size (zerotrain train --tensor_parallel_size) to a divisor of it"
 _STYLES = ("colwise", "rowwise")

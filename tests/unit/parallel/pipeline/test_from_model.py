@@ -8,7 +8,7 @@ import torch
 
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.model import build as models
-from zerotrain.trainer.pipeline_split import split_model
+from zerotrain.parallel.pipeline.from_model import split_model
 from zerotrain.trainer.data.tokenizer import byte_tokenizer
 
 

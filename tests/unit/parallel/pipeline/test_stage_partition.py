@@ -11,10 +11,10 @@ import zerotrain
 from zerotrain.config import load_config
 from zerotrain.errors import ConfigError
 from zerotrain.pipe import LayerSpec, PipelineModule, ProcessTopology
-from zerotrain.pipe.module import stage_indices
-from zerotrain.pipe.partition import partition, partition_balanced, partition_uniform
-from zerotrain.pipe.spec import trainable_count
-from zerotrain.pipe.ties import holder_of
+from zerotrain.parallel.pipeline.module import stage_indices
+from zerotrain.parallel.pipeline.partition import partition, partition_balanced, partition_uniform
+from zerotrain.parallel.pipeline.spec import trainable_count
+from zerotrain.parallel.pipeline.ties import holder_of
 
 
 # expected values: DeepSpeed 0.19's ds_utils.partition_balanced / partition_uniform on the same input

@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from ..features.engine_methods import TrainingEngine
-from ..errors import ConfigError
-from ..parallel.topology import Grid
+from ...features.engine_methods import TrainingEngine
+from ...errors import ConfigError
+from ..topology import Grid
 from .data import RepeatingLoader, StepData, agree, read_pairs, stack_step
 from .stages import StageCache
 from .ties import holder_of

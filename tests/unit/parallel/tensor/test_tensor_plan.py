@@ -9,7 +9,7 @@ from zerotrain.config import load_config, tensor_parallel_size
 from zerotrain.config.report import no_effect_keys
 from zerotrain.errors import ConfigError
 from zerotrain.models.gpt import GPT, GPTConfig
-from zerotrain.parallel.tensor_plan import tensor_plan
+from zerotrain.parallel.tensor.plan import tensor_plan
 
 
 def _llama(heads: int = 4, kv: int = 2, inner: int = 64):

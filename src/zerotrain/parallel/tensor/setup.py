@@ -1,7 +1,7 @@
 """How initialize builds a tensor-parallel job: the layout (layout.py) of a split model.
 
     world = data x tensor (comm/mesh.py; tensor varies fastest, as DeepSpeed's topology)
-    every rank starts from global rank 0's weights, then the plan (tensor_plan.py) turns the
+    every rank starts from global rank 0's weights, then the plan (plan.py) turns the
     split projections into DTensors over the "tensor" dimension (torch's parallelize_module)
 
 ZeRO 0-2 then runs over the data dimension on each rank's local pieces: a DTensor's local
@@ -10,7 +10,7 @@ spans the tensor dimension with each shard counted on its own rank and each repl
 parameter (position embeddings, norms, row-split biases) on tensor rank 0 only. ZeRO 3 is
 refused, as DeepSpeed's AutoTP does.
 
-With the vocabulary split (tensor_plan.py) the engine is `LossParallelEngine`: forward and
+With the vocabulary split (plan.py) the engine is `LossParallelEngine`: forward and
 backward run under torch's loss_parallel, so the model's own cross-entropy (GPT's, HF's
 loss_function) works on logits sharded by the vocabulary, and the loss comes back a plain
 tensor. Logits stay a DTensor sharded by the vocabulary in training (`.full_tensor()`
@@ -23,13 +23,13 @@ import logging
 
 import torch
 
-from ..comm import tensor_parallel as tp
-from ..comm.mesh import ParallelMesh
-from ..errors import ConfigError
-from ..features.engine_methods import TrainingEngine
-from .layout import Layout
-from .topology import Grid
-from .tensor_plan import tensor_plan
+from ...comm.mesh import ParallelMesh
+from ...errors import ConfigError
+from ...features.engine_methods import TrainingEngine
+from ..layout import Layout
+from ..topology import Grid
+from . import dtensor as tp
+from .plan import tensor_plan
 
 log = logging.getLogger("zerotrain")
 
@@ -37,7 +37,7 @@ log = logging.getLogger("zerotrain")
 def split_model(model: torch.nn.Module, mesh: ParallelMesh, vocab: bool | None = False,
                 plan: dict[str, str] | None = None) -> tuple[dict[int, torch.nn.Parameter], bool]:
     """Split `model` in place over the mesh's tensor dimension (the vocabulary too as `vocab`
-    says: tensor_plan.py; by `plan` when given, else by the plan read from the model);
+    says: plan.py; by `plan` when given, else by the plan read from the model);
     ({id(old parameter): new one} for the parameters that became DTensors (optimizer groups
     built before still name the old), whether the vocabulary is split)."""
     plan, why = tensor_plan(model, mesh.size("tensor"), vocab, plan)
