@@ -172,7 +172,7 @@ def build(args):
         close = lambda: None  # noqa: E731 (the parent removes the swap folder)
     else:
         import zerotrain
-        from zerotrain.zero.partitioned_init import full_shape
+        from zerotrain.zero.stage3.init import full_shape
 
         with zerotrain.zero.Init():
             model = GPT(cfg)

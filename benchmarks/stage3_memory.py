@@ -35,7 +35,7 @@ def worker(args) -> None:
     import zerotrain
     from compare_zero import _reset_peak_rss, _status_kib
     from zerotrain.models import GPT, GPTConfig
-    from zerotrain.zero.partitioned_init import full_shape
+    from zerotrain.zero.stage3.init import full_shape
 
     torch.set_num_threads(1)
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}

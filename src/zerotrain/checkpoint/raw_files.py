@@ -1,7 +1,7 @@
 """Checkpoint tensors that live in files, saved and loaded file to file.
 
 ZeRO-Infinity keeps fp32 masters, optimizer state and stage-3 parameter shards in swap
-files (zero/nvme_swap.FileStore); a 3B-parameter model holds tens of GB there per rank.
+files (zero/offload/nvme_swap.FileStore); a 3B-parameter model holds tens of GB there per rank.
 A state dict may hold such a FileStore where a tensor would be: saving copies its bytes into
 the checkpoint folder beside the .pt file (by the kernel, never through this process's
 memory) and leaves a small marker in the .pt; loading turns the marker into a `RawTensor`,
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..zero.nvme_swap import FileStore
+from ..zero.offload.nvme_swap import FileStore
 
 RAW_KEY = "__zerotrain_raw__"
 _DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}

@@ -24,7 +24,7 @@ DEFAULT_BUCKET_NUMEL = 25 * 2**20 // 4
 STAGED_BUCKET_NUMEL = 2**21
 # Elements per NVMe optimizer swap block: 4 MB of fp32 per state tensor. Larger blocks cost
 # host memory (buffer_count are in flight); smaller ones more hand-offs between the step's
-# thread and the forward it runs behind (zero/step_behind.py), which slows both.
+# thread and the forward it runs behind (zero/offload/step_behind.py), which slows both.
 NVME_BLOCK_NUMEL = 1 << 20
 
 # settled by the stage-3 strategy once it has measured the model (None until then)

@@ -21,7 +21,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
 
     from .loop.glue_metrics import glue_metrics
     from .preflight import check_nodes, preflight
-    from ..zero.host_memory import return_large_blocks
+    from ..zero.offload.host_memory import return_large_blocks
     from .ds_config import compute_dtype, offloads, zero_stage
 
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))

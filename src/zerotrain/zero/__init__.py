@@ -1,4 +1,4 @@
-"""ZeRO: one strategy per stage (stage0.py .. stage3.py), each a `ZeroStrategy` (strategy.py,
+"""ZeRO: one strategy per stage (stage0.py .. stage3/stage.py), each a `ZeroStrategy` (strategy.py,
 the contract the engine relies on), over the sharding arithmetic of layout.py, the flat
 buffers of flat.py and the gradient buckets of buckets.py. `build_strategy` picks the stage
 named in the config."""
@@ -12,10 +12,10 @@ from ..errors import ConfigError
 from .stage0 import DataParallel
 from .stage1 import ShardedOptimizer
 from .stage2 import ShardedGradients
-from .gathered_parameters import (GatheredParameters, register_external_parameter, unregister_external_parameter,
+from .stage3.gathered_parameters import (GatheredParameters, register_external_parameter, unregister_external_parameter,
                                   unwrap_model_for_generation)
-from .partitioned_init import Init, is_partitioned
-from .stage3 import ShardedParameters
+from .stage3.init import Init, is_partitioned
+from .stage3.stage import ShardedParameters
 from .strategy import DEFAULT_BUCKET_NUMEL, ZeroStrategy
 
 STRATEGIES = {0: DataParallel, 1: ShardedOptimizer, 2: ShardedGradients, 3: ShardedParameters}

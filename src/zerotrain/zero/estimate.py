@@ -1,7 +1,7 @@
 """Model-state memory per rank: zerotrain's own accounting, and DeepSpeed's formulas.
 
 `estimate_memory` predicts what `engine.memory_breakdown()` reports after a step, derived
-from what each stage actually allocates (stage0.py .. stage3.py), so a user can size a job
+from what each stage actually allocates (stage0.py .. stage3/stage.py), so a user can size a job
 before launching it and a test can hold the engine to it. `deepspeed_estimate` reproduces
 DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (spec section 6) so the two can be
 shown side by side; they differ on purpose (DeepSpeed counts an fp16 gradient and an fp32
@@ -41,7 +41,7 @@ def estimate_memory(num_params: int, world_size: int, stage: int, *, dtype: str 
     `dtype` is the compute dtype (fp32, bf16, fp16). With fp16/bf16 an fp32 master copy is
     kept; with fp32 the master is the model's own buffer (or shard) and costs nothing,
     unless the optimizer is offloaded, which needs its own fp32 copy where it steps. The step
-    reads the gradients in the compute dtype (blockwise_optimizer.py): no fp32 gradient copy,
+    reads the gradients in the compute dtype (offload/blockwise_optimizer.py): no fp32 gradient copy,
     unless `accumulation` is "fp32" (gradient_accumulation_steps > 1 with
     data_types.grad_accum_dtype fp32, the default then), which keeps one (whole at stages 0-1,
     this rank's shard at 2-3). Offloading the optimizer puts masters on the host (cpu) or in

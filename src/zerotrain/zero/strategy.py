@@ -8,12 +8,12 @@ engine only sequences it, once per micro-batch and once per optimizer step:
     engine.step()          grad_norm(scale) -> prepare_step(coef) -> optimizer.step() -> after_step()
                            (or zero_grad() when the step is skipped); at stage 3 with the
                            masters in NVMe, optimizer.step() only starts the step, which runs
-                           behind the next forward (step_behind.py: `behind`)
+                           behind the next forward (offload/step_behind.py: `behind`)
 
 `ZeroStrategy` is both the contract (every member below, with what it promises) and the
 home of what the stages share: the param groups in layout order, the fp32 masters, the
 gradient averaging plan, the optimizer offload placement, the global norm. Each stage
-(stage0.py .. stage3.py) subclasses it directly and fills in the abstract members.
+(stage0.py .. stage3/stage.py) subclasses it directly and fills in the abstract members.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import torch
 from ..comm import Comm
 from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .averaging import Averaging, attach_and_scale, plan_averaging
-from .blockwise_optimizer import BlockwiseOptimizer, MasterGroup
-from .offload_placement import OptimizerOffload
-from .step_behind import StepBehind, settled
+from .offload.blockwise_optimizer import BlockwiseOptimizer, MasterGroup
+from .offload.placement import OptimizerOffload
+from .offload.step_behind import StepBehind, settled
 
 log = logging.getLogger("zerotrain")
 
@@ -79,7 +79,7 @@ class ZeroStrategy(ABC):
         #: groups [0, trained_groups) are stepped; stage 3 may add a frozen one after them
         self.trained_groups = len(self.ordered)
         self.claim([p for ps in self.ordered for p in ps])
-        #: the layout of each group (flat.FlatGroup or stage3_gather.ShardedGroup), set by the stage
+        #: the layout of each group (flat.FlatGroup or stage3/gather.ShardedGroup), set by the stage
         self.groups: list = []
         #: fp32 masters the torch optimizer steps directly (empty when they are separate: then
         #: the BlockwiseOptimizer keeps them, `stepper`)
@@ -123,7 +123,7 @@ class ZeroStrategy(ABC):
 
     def build_optimizer(self, build):
         """`build(param_groups) -> torch optimizer` over the masters; separate masters are
-        made here and stepped block by block (blockwise_optimizer.py)."""
+        made here and stepped block by block (offload/blockwise_optimizer.py)."""
         if not self.separate_masters:
             return build(self.optimizer_groups())
         groups = [MasterGroup(numel, grad, read, write)

@@ -210,6 +210,6 @@ def test_the_batch_counts_data_parallel_ranks_of_pipeline_x_tensor():
 ])
 def test_offloads_reads_both_offload_blocks(zero, expected):
     """The trainer fixes malloc's mmap threshold before a stage-3 streamed load only when host
-    memory is the ceiling (zero/host_memory.py)."""
+    memory is the ceiling (zero/offload/host_memory.py)."""
     assert offloads({"zero_optimization": zero}) is expected
     assert offloads(None) is False

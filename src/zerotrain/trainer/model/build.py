@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from ...zero.partitioned_init import Init, is_partitioned
+from ...zero.stage3.init import Init, is_partitioned
 from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
 from ...models.bert import bert_config_keys, is_bert_recipe_config
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...zero.layout import cut
-from ...zero.partitioned_init import full_shape, is_partitioned
+from ...zero.stage3.init import full_shape, is_partitioned
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HOST_MEMORY = Path(__file__).resolve().parents[3] / "src" / "zerotrain" / "zero" / "host_memory.py"
+HOST_MEMORY = Path(__file__).resolve().parents[4] / "src" / "zerotrain" / "zero" / "offload" / "host_memory.py"
 
 # numpy allocates through malloc as torch's CPU tensors do, and starts in a fraction of the time
 PROBE = """
@@ -49,7 +49,7 @@ def test_large_freed_blocks_leave_the_process():
 
 
 def test_the_trimmer_trims_at_boundaries_and_every_nth_event(monkeypatch):
-    from zerotrain.zero import host_memory
+    from zerotrain.zero.offload import host_memory
 
     trims = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: trims.append(1))

@@ -23,10 +23,10 @@ import logging
 import torch
 from torch import nn
 
-from ..comm import Comm, init_parallel
-from ..errors import ConfigError
-from .host_memory import return_large_blocks
-from .layout import cut, glue
+from ...comm import Comm, init_parallel
+from ...errors import ConfigError
+from ..offload.host_memory import return_large_blocks
+from ..layout import cut, glue
 from .partitioned_param import PartitionedParameter, make_partitioned
 
 
@@ -91,7 +91,7 @@ class Init:
     def _start(self) -> None:
         self.comm = Comm(init_parallel())
         if self._offloaded:
-            return_large_blocks()  # the chunks and the step's temporaries: host_memory.py
+            return_large_blocks()  # the chunks and the step's temporaries: offload/host_memory.py
         if self._notice and self.comm.rank == 0:
             log.warning(self._notice)  # before initialize has set up zerotrain's log: a warning shows
             self._notice = None
@@ -130,7 +130,7 @@ class Init:
         self._glued = [q for q in params if type(q) is PartitionedParameter]
 
     def explain_failure(self, p, func, error):
-        from ..errors import ConfigError
+        from ...errors import ConfigError
 
         name = getattr(func, "__name__", str(func))
         return ConfigError(f"a parameter of shape {tuple(p.zt_shape)} built under zerotrain.zero.Init() is partitioned "
@@ -190,7 +190,7 @@ def _config_dtype(config) -> torch.dtype | None:
     """The dtype a DeepSpeed config trains in (its fp16/bf16 block), None without a config."""
     if config is None:
         return None
-    from ..config import read_config
+    from ...config import read_config
 
     raw = read_config(config)  # only the precision blocks: the rest may still say "auto"
 

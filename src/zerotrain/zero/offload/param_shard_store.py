@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .nvme_swap import FileStore, copy_into
 
 _KEY = "zero_optimization.offload_param"
@@ -56,8 +56,8 @@ class IOBuffers:
 
 
 class ParamStore:
-    """A zeroed shard of `numel` elements; the strategy fills it chunk by chunk (stage3_gather.
-    ShardedGroup.fill), so building it never holds more than one parameter's chunk twice."""
+    """A zeroed shard of `numel` elements; the strategy fills it chunk by chunk
+    (stage3/gather.py: ShardedGroup.fill), so building it never holds more than one parameter's chunk twice."""
 
     def __init__(self, numel: int, dtype: torch.dtype, kind: str, compute_device, folder=None,
                  name: str = "params", pin: bool = False, io: IOBuffers | None = None):

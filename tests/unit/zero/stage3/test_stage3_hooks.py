@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import zerotrain
-from zerotrain.zero import stage3_gather
-from zerotrain.zero.pages import MovedPages, OwnStorages
+from zerotrain.zero.stage3 import gather as stage3_gather
+from zerotrain.zero.stage3.pages import MovedPages, OwnStorages
 
 
 @dataclasses.dataclass

@@ -12,8 +12,8 @@ import torch
 from test_nvme_buffers import WIDTH, Stack  # the same six tanh layers
 
 import zerotrain
-from zerotrain.zero import blockwise_optimizer
-from zerotrain.zero.nvme_swap import FileStore
+from zerotrain.zero.offload import blockwise_optimizer
+from zerotrain.zero.offload.nvme_swap import FileStore
 
 
 def train(folder, behind: bool, steps: int = 3, frozen: bool = False):

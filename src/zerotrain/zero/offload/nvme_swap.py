@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigError, DiskFullError
+from ...errors import ConfigError, DiskFullError
 
 
 @runtime_checkable

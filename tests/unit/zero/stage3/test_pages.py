@@ -1,4 +1,4 @@
-"""Memory for whole stage-3 parameters (zero/pages.py): slots of their own, pages recycled."""
+"""Memory for whole stage-3 parameters (zero/stage3/pages.py): slots of their own, pages recycled."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from zerotrain.zero.pages import MovedPages, OwnStorages, layer_bytes, whole_buffers
+from zerotrain.zero.stage3.pages import MovedPages, OwnStorages, layer_bytes, whole_buffers
 
 PAGE = mmap.PAGESIZE
 FLOATS_PER_PAGE = PAGE // 4

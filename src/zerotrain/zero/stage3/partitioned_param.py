@@ -1,17 +1,17 @@
 """Stage-3 parameters that notice being touched.
 
 A partitioned parameter is an empty tensor whenever no module hook has gathered it. Module
-hooks (stage3_schedule.py) cover a module's own parameters around its own forward; two
+hooks (schedule.py) cover a module's own parameters around its own forward; two
 situations need a parameter's values without them:
 
     under zero.Init     model code initialises, copies or reads a parameter whose module
                         was already cut (HF's _init_weights, torch.nn.init, copy.deepcopy
                         of a layer as nn.TransformerEncoder does): it is glued whole for
-                        that use and cut again later (partitioned_init.py)
+                        that use and cut again later (init.py)
     during a pass       a module uses a parameter it does not own (nn.MultiheadAttention
                         reads out_proj.weight itself; a tied head in the root's forward; a
                         functional call): it is gathered on the spot and, from then on,
-                        gathered with that module (stage3_schedule.py)
+                        gathered with that module (schedule.py)
 
 So `PartitionedParameter.__torch_function__` sees every torch call on such a parameter and
 asks its owner (`zt_owner`: the Init context, then the stage-3 schedule) to make it whole

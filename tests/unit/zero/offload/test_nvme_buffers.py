@@ -88,7 +88,7 @@ def test_no_buffers_is_refused(tmp_path, block):
 def test_reads_are_announced_to_the_kernel_ahead_of_use(tmp_path, monkeypatch):
     """Parameter shards of the modules ahead, the optimizer's next blocks and (at the backward
     that ends the window) the step's first blocks are handed to the kernel's read-ahead."""
-    from zerotrain.zero import nvme_swap
+    from zerotrain.zero.offload import nvme_swap
 
     asked = []
     monkeypatch.setattr(nvme_swap.FileStore, "will_need",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zerotrain.errors import ConfigError, DiskFullError
-from zerotrain.zero.nvme_swap import _HOST, FileStore, check_nvme_path, copy_into, rank_folder
+from zerotrain.zero.offload.nvme_swap import _HOST, FileStore, check_nvme_path, copy_into, rank_folder
 
 
 def test_a_missing_folder_is_named_and_not_created(tmp_path):
@@ -136,7 +136,7 @@ def _resident_share(path) -> float:
 def test_will_need_brings_the_whole_range_into_the_page_cache(tmp_path):
     """Linux reads one read-ahead window per WILLNEED and drops the rest of the range: a range
     of several windows must still arrive whole, ahead of the read."""
-    from zerotrain.zero.nvme_swap import read_ahead_window
+    from zerotrain.zero.offload.nvme_swap import read_ahead_window
 
     folder = os.open(tmp_path, os.O_RDONLY)
     window = read_ahead_window(folder)  # the same disk as the file's

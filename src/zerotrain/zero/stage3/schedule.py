@@ -14,7 +14,7 @@ forward). PartitionedParameter (partitioned_param.py) reports that first use to
 own ("external", DeepSpeed's word; `register_external_parameter` declares one ahead). A use
 outside every hooked module but inside a pass keeps it whole until its gradient arrives.
 
-The gradient side (copy into a bucket, free, release the parameter) is stage3.py's. Every
+The gradient side (copy into a bucket, free, release the parameter) is stage.py's. Every
 rank runs the same modules in the same order, so the collectives line up across ranks.
 """
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ..errors import ModelInterfaceError
+from ...errors import ModelInterfaceError
 from .partitioned_param import is_grad_assignment
-from .stage3_gather import Gatherer
+from .gather import Gatherer
 
 EXTERNAL_ATTR = "_zt_external_params"  # declared before initialize: module -> [param]
 

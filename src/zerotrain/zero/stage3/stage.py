@@ -1,7 +1,7 @@
 """ZeRO stage 3: parameters sharded too; each module gathers its own just in time.
 
-Every rank keeps 1/N of every parameter (layout.py, "chunked"; stage3_gather.py brings them
-back whole). stage3_schedule.py's module hooks gather a module's parameters before its
+Every rank keeps 1/N of every parameter (zero/layout.py, "chunked"; gather.py brings them
+back whole). schedule.py's module hooks gather a module's parameters before its
 forward and again before its backward, and release them after; here:
 
     grad ready          copy the full gradient into its bucket, free it, release the param;
@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from .buckets import Bucket, BucketedReducer, plan_buckets
+from ..buckets import Bucket, BucketedReducer, plan_buckets
 from .gathered_parameters import GatheredParameters, register_owner
-from .layout import cut
+from ..layout import cut
 from .partitioned_param import make_partitioned, make_plain
-from .nvme_swap import rank_folder
-from .param_shard_store import IOBuffers, ParamStore
-from .host_memory import Trimmer, release_freed_memory, return_large_blocks
-from .stage3_gather import Gatherer, ShardedGroup
-from .stage3_schedule import GatherSchedule
-from .step_behind import settled
-from .strategy import ZeroStrategy
+from ..offload.nvme_swap import rank_folder
+from ..offload.param_shard_store import IOBuffers, ParamStore
+from ..offload.host_memory import Trimmer, release_freed_memory, return_large_blocks
+from .gather import Gatherer, ShardedGroup
+from .schedule import GatherSchedule
+from ..offload.step_behind import settled
+from ..strategy import ZeroStrategy
 
 
 TRIM_EVERY_BUCKETS = 8  # offloaded: freed heap pages go back every this many landed buckets
@@ -43,7 +43,7 @@ class ShardedParameters(ZeroStrategy):
                  **kwargs):
         super().__init__(param_groups, registration, comm, compute_dtype, device, **kwargs)
         param_kind = getattr(offload_param, "device", "none") if offload_param is not None else "none"
-        #: host memory is the ceiling: freed temporaries go back (host_memory.py)
+        #: host memory is the ceiling: freed temporaries go back (offload/host_memory.py)
         self._trim = Trimmer(every=TRIM_EVERY_BUCKETS if param_kind != "none" or self.offload.enabled else 0)
         if self._trim.every:
             return_large_blocks()
@@ -99,7 +99,7 @@ class ShardedParameters(ZeroStrategy):
                                        max_in_flight=2 if self.overlap_comm else 1)
 
     def build_optimizer(self, build):
-        """With the masters in NVMe the step runs behind the next forward (step_behind.py):
+        """With the masters in NVMe the step runs behind the next forward (offload/step_behind.py):
         each gather waits for its parameters' blocks."""
         optimizer = super().build_optimizer(build)
         if self.stepper is not None and self.offload.kind == "nvme":

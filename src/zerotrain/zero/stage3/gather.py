@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from .layout import CHUNKED, GroupLayout, cut, glue
-from .partitioned_init import full_shape, is_partitioned
+from ..layout import CHUNKED, GroupLayout, cut, glue
+from .init import full_shape, is_partitioned
 from .pages import whole_buffers
 
 
 class ShardedGroup(GroupLayout):
-    """One param group's parameters and their chunked layout (layout.py); the reducer reads
+    """One param group's parameters and their chunked layout (zero/layout.py); the reducer reads
     it like a FlatGroup, in shard space."""
 
     def __init__(self, params: list[torch.nn.Parameter], world_size: int):
@@ -80,7 +80,7 @@ class Gatherer:
 
     def __init__(self, groups: list[ShardedGroup], stores: list, comm, persistent: set[int], device, dtype):
         self.groups = groups
-        self.stores = stores  # param_shard_store.ParamStore per group
+        self.stores = stores  # offload/param_shard_store.ParamStore per group
         self.comm = comm
         self.persistent = persistent  # ids of params kept whole once gathered
         self.whole: dict[int, torch.nn.Parameter] = {}  # id -> param, for params now whole
@@ -96,7 +96,7 @@ class Gatherer:
         for p in params:
             p.data = self._empty
         #: ready(group, lo, hi) returns once that shard range holds the latest step's values
-        #: (the step may still run behind: step_behind.py)
+        #: (the step may still run behind: offload/step_behind.py)
         self.ready = _always_ready
 
     @property

@@ -14,7 +14,7 @@ from torch import nn
 
 import zerotrain
 from zerotrain.errors import ModelInterfaceError
-from zerotrain.zero.partitioned_param import PartitionedParameter
+from zerotrain.zero.stage3.partitioned_param import PartitionedParameter
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +106,7 @@ def test_register_external_parameter_refuses_a_foreign_tensor():
     other = nn.Parameter(torch.ones(2))
     with pytest.raises(ModelInterfaceError, match="not one the ZeRO-3 engine manages"):
         engine.strategy.schedule.add_external(model, other)  # the engine asked about a tensor it does not shard
-    from zerotrain.zero.gathered_parameters import register_owner
+    from zerotrain.zero.stage3.gathered_parameters import register_owner
 
     register_owner([other], engine.strategy)  # a stale entry (an id reused): not taken for the engine's
     zerotrain.zero.register_external_parameter(model, other)

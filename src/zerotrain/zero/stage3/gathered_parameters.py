@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 import torch
 
-from ..errors import GatheredModificationError
-from .partitioned_init import full_shape, is_partitioned
-from .stage3_schedule import EXTERNAL_ATTR
+from ...errors import GatheredModificationError
+from .init import full_shape, is_partitioned
+from .schedule import EXTERNAL_ATTR
 
 # parameter id -> the stage-3 strategy that shards it
 _OWNERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
