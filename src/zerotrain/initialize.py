@@ -16,8 +16,8 @@ from .comm import Comm, init_parallel
 from .errors import ConfigError
 from .features import build_features
 from .optim import adapt_client_optimizer, build_optimizer
-from .parallel.layout import Layout, plain_layout
-from .parallel.mpu import mpu_layout
+from .parallel.split import ModelSplit, plain_split
+from .parallel.mpu import mpu_split
 from .precision import build_loss_scaler, expose_loss_scale
 from .schedules import build_scheduler
 from .zero import build_strategy, is_partitioned
@@ -75,7 +75,7 @@ def _client_groups(client: torch.optim.Optimizer, model_parameters) -> list[dict
 def _param_groups(module: torch.nn.Module, model_parameters, client_optimizer,
                   replaced: dict | None = None) -> tuple[list[dict], dict]:
     """Normalise what the user passed into torch-style groups of trainable model parameters.
-    `replaced`: parameters the layout swapped for new ones ({id(old): new}), named anew here."""
+    `replaced`: parameters the model split swapped for new ones ({id(old): new}), named anew here."""
     registration = {id(p): i for i, p in enumerate(module.parameters())}
     if replaced:
         if isinstance(client_optimizer, torch.optim.Optimizer):
@@ -157,24 +157,24 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
 
 
-def _layout(model, comm, mpu, tensor: int) -> Layout:
+def _model_split(model, comm, mpu, tensor: int) -> ModelSplit:
     """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
-    from .pipe import PipelineModule
-    from .parallel.pipeline.setup import pipeline_layout
-    from .parallel.tensor.setup import tensor_layout
+    from .parallel.pipeline.module import PipelineModule
+    from .parallel.pipeline.setup import pipeline_parallel_split
+    from .parallel.tensor.setup import tensor_parallel_split
 
     if isinstance(model, PipelineModule):
-        return pipeline_layout(model, comm, mpu)
+        return pipeline_parallel_split(model, comm, mpu)
     if type(model).__name__ == "PipelineModule":
         raise ConfigError(f"the model is {type(model).__module__}.PipelineModule; build it with "
                           "zerotrain.pipe.PipelineModule (and LayerSpec, TiedLayerSpec from zerotrain.pipe)")
     if tensor > 1:
         if mpu is not None:
             raise ConfigError("initialize: tensor_parallel.autotp_size builds its own groups; do not pass mpu= with it")
-        return tensor_layout(model, comm, tensor)
+        return tensor_parallel_split(model, comm, tensor)
     if mpu is not None:
-        return mpu_layout(mpu, comm.state, model)
-    return plain_layout(model, comm)
+        return mpu_split(mpu, comm.state, model)
+    return plain_split(model, comm)
 
 
 def _state_bytes(cfg) -> int:
@@ -202,11 +202,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     state = init_parallel()
     _setup_logging(state.rank)
     comm = Comm(state)
-    layout = _layout(model, comm, mpu, tensor_parallel_size(config))
-    data = layout.data_comm  # the batch triad and ZeRO count data-parallel ranks
+    split = _model_split(model, comm, mpu, tensor_parallel_size(config))
+    data = split.data_comm  # the batch triad and ZeRO count data-parallel ranks
     cfg = load_config(config, world_size=data.world_size)
     _check_same_config(comm, cfg.raw)
-    layout.check(cfg)
+    split.check(cfg)
     if state.rank == 0 and (line := config_notice(cfg)):
         log.info(line)
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
@@ -219,15 +219,15 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     for tensor in list(model.parameters()) + list(model.buffers()):
         if not is_partitioned(tensor):  # zero.Init already gave every rank rank 0's chunks
             data.broadcast(tensor.data)
-    layout.after_broadcast()
-    groups, registration = _param_groups(model, model_parameters, optimizer, layout.replaced)
+    split.after_broadcast()
+    groups, registration = _param_groups(model, model_parameters, optimizer, split.replaced)
     strategy = build_strategy(cfg.zero_optimization, model, groups, registration, data, compute_dtype,
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
                               gradient_mean=cfg.gradient_allreduce_op == "mean",
                               accumulation_dtype=_accumulation_dtype(cfg, compute_dtype),
                               optimizer_state_bytes=_state_bytes(cfg))
-    strategy = layout.wrap(strategy)  # the norm over the other parts of the model, if any
+    strategy = split.wrap(strategy)  # the norm over the other parts of the model, if any
 
     if optimizer is not None:
         torch_optimizer = strategy.build_optimizer(lambda groups: adapt_client_optimizer(optimizer, groups))
@@ -256,7 +256,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, data.rank,
                                   data.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
-    engine = layout.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
+    engine = split.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
                                 features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)

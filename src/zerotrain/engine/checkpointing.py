@@ -234,8 +234,8 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     if not (path / states_file).is_file():
         written = sorted(f.name for f in path.iterdir() if f.name.endswith("model_states.pt"))
         raise CheckpointError(f"{path} has no {states_file} (it holds {', '.join(written) or 'no model states'}): "
-                              "it was written with another pipeline or model-parallel layout; load it with that "
-                              "layout, or write full weights with `zerotrain consolidate`")
+                              "it was written with another pipeline or model-parallel split; load it with that "
+                              "split, or write full weights with `zerotrain consolidate`")
     model_states = load_file(path, states_file)
     with _applying(path, states_file):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]

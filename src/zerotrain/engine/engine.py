@@ -331,7 +331,7 @@ class Engine(torch.nn.Module):
 
     # ---- checkpoints (checkpointing.py does the work) ------------------------------------
     def checkpoint_extras(self) -> dict:
-        """What a subclass adds to its model_states file (a pipeline: its stage layout)."""
+        """What a subclass adds to its model_states file (a pipeline: which layers each stage holds)."""
         return {}
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,

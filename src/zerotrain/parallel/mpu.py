@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..comm import Comm
 from ..errors import ConfigError
-from .layout import Layout
+from .split import ModelSplit
 
 
 def _call(mpu, *names):
@@ -23,7 +23,7 @@ def _call(mpu, *names):
                       "(parallel_state) or an object with those methods")
 
 
-def mpu_layout(mpu, state, model) -> Layout:
+def mpu_split(mpu, state, model) -> ModelSplit:
     data_comm = Comm.subgroup(state, _call(mpu, "get_data_parallel_group"))
     model_comm = Comm.subgroup(state, _call(mpu, "get_model_parallel_group", "get_tensor_model_parallel_group"))
     tensor_rank = _call(mpu, "get_tensor_model_parallel_rank", "get_slice_parallel_rank", "get_model_parallel_rank")
@@ -37,4 +37,4 @@ def mpu_layout(mpu, state, model) -> Layout:
         return [p for p in model.parameters() if p.requires_grad
                 and not (getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False))]
 
-    return Layout(data_comm, model_comm, uncounted=uncounted)
+    return ModelSplit(data_comm, model_comm, uncounted=uncounted)

@@ -81,7 +81,7 @@ class _TimedStage(pp.PipelineStage):
             self.busy_s += time.perf_counter() - start
 
 
-class Pipeline:
+class StageSchedule:
     """One torch schedule over this rank's stages, for one set of input shapes (torch fixes
     a stage's shapes at its first step)."""
 

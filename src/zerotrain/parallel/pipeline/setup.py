@@ -1,4 +1,4 @@
-"""How initialize builds a pipeline: the layout (parallel/layout.py) of a PipelineModule.
+"""How initialize builds a pipeline: the ModelSplit (parallel/split.py) of a PipelineModule.
 
 ZeRO runs over the mesh's data dimension (the batch triad counts data-parallel ranks only, as
 DeepSpeed's does), the gradient norm spans the pipeline, tied copies start equal, and the
@@ -11,7 +11,7 @@ import logging
 
 from .config import NO_EFFECT, PLACEMENT, PipelineConfig
 from ...errors import ConfigError
-from ..layout import Layout
+from ..split import ModelSplit
 from .engine import PipelineEngine
 from .ties import Ties
 
@@ -52,7 +52,7 @@ def _check(module, cfg) -> PipelineConfig:
     return pc
 
 
-def pipeline_layout(module, comm, mpu=None) -> Layout:
+def pipeline_parallel_split(module, comm, mpu=None) -> ModelSplit:
     """With a tensor axis (topology=PipeModelDataParallelTopology(..., num_mp=T, ...)) each
     stage's blocks are split over it after the tied copies agree (parallel/tensor/setup.py)."""
     from ..tensor.setup import replicated, split_model
@@ -96,5 +96,5 @@ def pipeline_layout(module, comm, mpu=None) -> Layout:
             engine.input_replica = mesh.coord("tensor") > 0
         return engine
 
-    return Layout(mesh.comm("data"), mesh.comm("pipe", "tensor"), uncounted=uncounted, check=check,
+    return ModelSplit(mesh.comm("data"), mesh.comm("pipe", "tensor"), uncounted=uncounted, check=check,
                   after_broadcast=after_broadcast, make_engine=make_engine, replaced=replaced)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .schedules import Pipeline
+from .schedules import StageSchedule
 
 
 class StageCache:
@@ -25,14 +25,14 @@ class StageCache:
         self._entries: OrderedDict = OrderedDict()
         self.built = 0  # stage sets built so far (one per new shape)
 
-    def get(self, key, micro_batches: int, train: bool) -> Pipeline:
+    def get(self, key, micro_batches: int, train: bool) -> StageSchedule:
         full = (key, micro_batches, train)
         if full in self._entries:
             self._entries.move_to_end(full)
             return self._entries[full]
         chunks = [(stage.index, stage) for stage in self.module.stages()]
         total = self.module.num_stages * self.module.virtual_stages
-        pipeline = Pipeline(self.schedule, chunks, total, self.device, self.group, micro_batches, self.loss_fn,
+        pipeline = StageSchedule(self.schedule, chunks, total, self.device, self.group, micro_batches, self.loss_fn,
                             train=train)
         self.built += 1
         self._entries[full] = pipeline

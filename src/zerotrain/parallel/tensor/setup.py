@@ -1,4 +1,4 @@
-"""How initialize builds a tensor-parallel job: the layout (layout.py) of a split model.
+"""How initialize builds a tensor-parallel job: the ModelSplit (parallel/split.py) of a split model.
 
     world = data x tensor (comm/mesh.py; tensor varies fastest, as DeepSpeed's topology)
     every rank starts from global rank 0's weights, then the plan (plan.py) turns the
@@ -26,7 +26,7 @@ import torch
 from ...comm.mesh import ParallelMesh
 from ...errors import ConfigError
 from ...features.engine_methods import TrainingEngine
-from ..layout import Layout
+from ..split import ModelSplit
 from ..topology import Grid
 from . import dtensor as tp
 from .plan import tensor_plan
@@ -68,7 +68,7 @@ def replicated(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad and not tp.is_sharded(p)]
 
 
-def tensor_layout(model: torch.nn.Module, comm, size: int) -> Layout:
+def tensor_parallel_split(model: torch.nn.Module, comm, size: int) -> ModelSplit:
     world = comm.state.world_size
     if world % size:
         raise ConfigError(f"tensor_parallel.autotp_size {size}: the job has {world} process{'es' * (world > 1)}, not "
@@ -106,5 +106,5 @@ def tensor_layout(model: torch.nn.Module, comm, size: int) -> Layout:
     def uncounted() -> list:
         return replicated(model) if mesh.coord("tensor") > 0 else []
 
-    return Layout(mesh.comm("data"), tensor_comm, uncounted=uncounted, check=check, after_broadcast=after_broadcast,
+    return ModelSplit(mesh.comm("data"), tensor_comm, uncounted=uncounted, check=check, after_broadcast=after_broadcast,
                   make_engine=make_engine, replaced=replaced)

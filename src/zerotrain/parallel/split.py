@@ -18,7 +18,7 @@ from .norm import ModelParallelNorm
 
 
 @dataclass
-class Layout:
+class ModelSplit:
     data_comm: object  # the Comm ZeRO runs over
     model_comm: object = None  # the Comm over the other parts of the model (None: there are none)
     uncounted: Callable[[], list] = field(default=lambda: [])
@@ -35,10 +35,10 @@ class Layout:
         return ModelParallelNorm(strategy, self.model_comm, self.uncounted())
 
 
-def plain_layout(model, comm) -> Layout:
+def plain_split(model, comm) -> ModelSplit:
     def check(cfg) -> None:
         if cfg.pipeline is not None:
             raise ConfigError(f"pipeline: the model is a {type(model).__name__}, not a zerotrain.pipe.PipelineModule; "
                               "build it as PipelineModule(layers=[...], num_stages=...) or remove the pipeline block")
 
-    return Layout(comm, check=check)
+    return ModelSplit(comm, check=check)
