@@ -25,9 +25,9 @@ __all__ = ["initialize", "get_scheduler", "DynamicLossScaler", "CurriculumSchedu
 
 
 def __getattr__(name: str):
-    # zerotrain.Trainer / zerotrain.TrainingArguments load the trainer package (and its HF
-    # imports) only when asked for, so `import zerotrain` stays light for engine users.
-    if name in ("Trainer", "TrainingArguments"):
+    # zerotrain.Trainer / TrainingArguments / TrainerCallback load the trainer package (and its
+    # HF imports) only when asked for, so `import zerotrain` stays light for engine users.
+    if name in ("Trainer", "TrainingArguments", "TrainerCallback"):
         from . import trainer
 
         return getattr(trainer, name)

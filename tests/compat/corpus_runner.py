@@ -41,7 +41,7 @@ def _through_trainer(path: str) -> dict:
     from zerotrain.trainer.ds_config import build_deepspeed_config, check_no_auto_left, fill_schedule
 
     args = TrainingArguments(output_dir=".", deepspeed=path)
-    ds, _ = build_deepspeed_config(args, set(), 1, HIDDEN, 16)
+    ds = build_deepspeed_config(args, set(), 1, HIDDEN, 16).config
     check_no_auto_left(fill_schedule(ds, 0, 100))
     return ds
 

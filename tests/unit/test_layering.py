@@ -203,3 +203,23 @@ def test_every_zero_stage_meets_the_written_contract():
     source = "\n".join(p.read_text(encoding="utf-8") for p in (PACKAGE / "engine").rglob("*.py"))
     assert not re.search(r"(hasattr|getattr)\(\s*(self\.|engine\.)?strategy", source), \
         "engine/ probes the strategy; add the member to zero/strategy.py's contract instead"
+
+
+def root_imports(source: str, filename: str = "<src>") -> list[str]:
+    """`line: text` for each absolute import of the zerotrain package itself (`import zerotrain`,
+    `from zerotrain import x`): a module inside the package reaching back up through its root."""
+    hits = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            hits += [f"{node.lineno}: import {a.name}" for a in node.names if a.name == "zerotrain"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "zerotrain":
+            hits.append(f"{node.lineno}: from zerotrain import ...")
+    return hits
+
+
+def test_no_module_imports_the_package_root():
+    assert root_imports("import zerotrain\nfrom zerotrain import initialize\nfrom . import x\n") == \
+        ["1: import zerotrain", "2: from zerotrain import ..."]
+    found = {str(p.relative_to(PACKAGE)): hits for p in modules()
+             if (hits := root_imports(p.read_text(encoding="utf-8"), str(p)))}
+    assert found == {}, f"use relative imports inside the package: {found}"

@@ -35,7 +35,7 @@ def _trainer_values(raw: dict, world_size: int) -> dict:
     from ..trainer.ds_config import build_deepspeed_config
 
     args = TrainingArguments(output_dir=".", deepspeed=copy.deepcopy(raw))
-    built, _ = build_deepspeed_config(args, set(), world_size, None, 1024)  # block_size: its usual default
+    built = build_deepspeed_config(args, set(), world_size, None, 1024).config  # block_size: its usual default
     values = {}
     for path in _autos(raw):
         value = _get(built, path)

@@ -148,24 +148,23 @@ def _launch(argv: list[str], nproc: int, rendezvous: list[str] | None = None) ->
     return code
 
 
-def _notify(notices: list[str]) -> None:
+def _notify(notices) -> None:
     for line in notices:
         print(f"zerotrain: notice: {line}", flush=True)
 
 
 def run(args: argparse.Namespace, callbacks=()) -> int:
+    from ..trainer.plan import Options
     from ..trainer.preflight import preflight
 
     values, cli = collect(args)
-    explicit: set[str] = set()
-    notices: list[str] = []
-    model_args, data_args, train_args = targs.build(values, explicit, notices)
+    options = Options.parse(values)
     in_torchrun = "WORLD_SIZE" in os.environ
     nproc = args.nproc_per_node or 1
     rendezvous, nodes = _rendezvous(args)
     if not in_torchrun and (nproc > 1 or nodes > 1 or rendezvous):
-        _notify(notices)
-        preflight(model_args, data_args, train_args, explicit, nproc * nodes)
+        _notify(options.notices)
+        preflight(options, nproc * nodes)  # fail here, before any rank starts; each rank plans its own run
         if args.nnodes is not None:
             from ..comm.launch import NNODES_ENV
 
@@ -178,19 +177,19 @@ def run(args: argparse.Namespace, callbacks=()) -> int:
 
         die_with_launcher()
     elif os.environ.get("RANK", "0") == "0":
-        _notify(notices)
-    return _run_rank(model_args, data_args, train_args, explicit, callbacks)
+        _notify(options.notices)
+    return _run_rank(options, callbacks)
 
 
-def _run_rank(model_args, data_args, train_args, explicit, callbacks) -> int:
+def _run_rank(options, callbacks) -> int:
     from ..comm import shutdown
+    from ..trainer.assembly import run as assemble_and_train
     from ..trainer.loop.interrupt import Interrupted, raising_on_signals
-    from ..trainer.pipeline import run as run_pipeline
 
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         with raising_on_signals():
-            run_pipeline(model_args, data_args, train_args, explicit, callbacks)
+            assemble_and_train(options, callbacks)
     except TrainingInterrupted as e:
         if rank0:
             print(f"zerotrain: {e}", file=sys.stderr, flush=True)

@@ -4,12 +4,13 @@ Read in this order:
 
     args.py        the options (HF TrainingArguments names); hf_options.py: HF / LLaMA-Factory names
                    mapped or refused; ds_config.py: the DeepSpeed config from the options
-    preflight.py   what the options alone decide, checked before anything is loaded
-    pipeline.py    how one run is put together: tokenizer -> data -> model -> LoRA -> Trainer
-    loop/          the Trainer: its loop (trainer.py), one micro-batch and what it counts (step.py),
-                   evaluation (evaluate.py) and the GLUE metrics (glue_metrics.py), Ctrl-C /
-                   SIGTERM (interrupt.py), the run folder: resume, rotation, shared or node-local
-                   storage (run_folder.py)
+    plan.py        the run plan: options, parallel sizes, run folder and DeepSpeed config, made once
+    preflight.py   what the options alone decide, checked before anything is loaded: makes the plan
+    assembly.py    how one run is put together: plan -> tokenizer -> data -> model -> LoRA -> Trainer
+    loop/          the Trainer: its loop (trainer.py), its events (callbacks.py), one micro-batch
+                   and what it counts (step.py), evaluation (evaluate.py) and the GLUE metrics
+                   (glue_metrics.py), Ctrl-C / SIGTERM (interrupt.py), the run folder: resume,
+                   rotation, shared or node-local storage (run_folder.py)
     data/          data files -> tokenized, cached datasets (readers, prepare), conversations and
                    chat templates (chat), packing, tokenizers, batches (collate), which rank trains
                    on which sample (sampler); GLUE tasks, their files and pair encoding
@@ -20,6 +21,8 @@ Read in this order:
 """
 
 from .args import DataArguments, ModelArguments, TrainingArguments
+from .loop.callbacks import TrainerCallback
 from .loop.trainer import Trainer
+from .plan import RunPlan
 
-__all__ = ["Trainer", "TrainingArguments", "ModelArguments", "DataArguments"]
+__all__ = ["Trainer", "TrainerCallback", "TrainingArguments", "ModelArguments", "DataArguments", "RunPlan"]

@@ -6,8 +6,11 @@
                              set: train_batch_size / (micro batch x processes), DeepSpeed's triad)
         key "auto"        -> the option's value, through config.fill_auto (the one filler)
         key = value       -> must agree with the option if the user set that option,
-                             otherwise the DeepSpeed value wins and the run uses it
+                             otherwise the DeepSpeed value wins and the run uses it:
+                             returned in BuiltConfig.adopted, never written into the options
 
+The values only the model and the data know (the hidden size behind HF's "auto" bucket sizes,
+the curriculum's "auto" maximum) are filled here when given, or later by `fill_model_sizes`.
 Every disagreement is listed in one ConfigError line. The scheduler block, if present,
 replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in
 (a warmup of 0 means no warmup). "auto" left inside fp16, bf16 and zero_optimization means
@@ -16,7 +19,9 @@ the default, as in DeepSpeed.
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import dataclass, field
 
 from ..config import autos_left, fill_auto, read_config
 from ..config.auto import unfilled_message
@@ -31,31 +36,16 @@ def read_deepspeed(value) -> dict:
     return {} if value is None else read_config(value)
 
 
-def zero_stage(value) -> int:
-    """The ZeRO stage a --deepspeed config asks for (0 without one)."""
-    stage = read_deepspeed(value).get("zero_optimization", {}).get("stage", 0)
-    return stage if isinstance(stage, int) else 0
+@dataclass(frozen=True)
+class BuiltConfig:
+    """What `build_deepspeed_config` made: the config for zerotrain.initialize, whether its
+    scheduler block drives the LR, and the option values the config decided (option name ->
+    value, for options the user left at their defaults). The options themselves are not
+    written to: the run plan holds a copy with `adopted` applied."""
 
-
-def offloads(value) -> bool:
-    """Whether a --deepspeed config offloads parameters or optimizer states (cpu or nvme)."""
-    zero = read_deepspeed(value).get("zero_optimization", {})
-    blocks = [zero.get(k) for k in ("offload_param", "offload_optimizer")] if isinstance(zero, dict) else []
-    return any(isinstance(b, dict) and b.get("device") in ("cpu", "nvme") for b in blocks)
-
-
-def compute_dtype(args):
-    """The dtype a run computes in: the config's fp16/bf16 block, or --fp16/--bf16 where it says
-    "auto" or has none (None: fp32)."""
-    import torch
-
-    raw = read_deepspeed(args.deepspeed)
-
-    def on(block: str, flag: bool) -> bool:
-        enabled = raw.get(block, {}).get("enabled", "auto") if isinstance(raw.get(block), dict) else "auto"
-        return enabled is True or (enabled == "auto" and bool(flag))
-
-    return torch.float16 if on("fp16", args.fp16) else torch.bfloat16 if on("bf16", args.bf16) else None
+    config: dict
+    uses_ds_scheduler: bool
+    adopted: dict = field(default_factory=dict)
 
 
 def model_hidden_size(model) -> int | None:
@@ -93,8 +83,8 @@ def _same(a, b) -> bool:
 
 
 class _Filler:
-    def __init__(self, args, explicit: set[str]):
-        self.args, self.explicit = args, explicit
+    def __init__(self, args, explicit: set[str], adopt):
+        self.args, self.explicit, self.adopt = args, explicit, adopt
         self.conflicts: list[str] = []
 
         self.autos: dict[str, object] = {}  # dotted key -> option value, for fill_auto
@@ -117,11 +107,12 @@ class _Filler:
         return given
 
 
-def tensor_parallel_option(args, explicit: set[str]) -> int:
+def tensor_parallel_option(args, explicit: set[str], raw: dict | None = None) -> int:
     """--tensor_parallel_size and the config's tensor_parallel.autotp_size agree (either may
-    give it); the size in force, set on `args`. Read before the batch sizes: the processes
-    they count are the data-parallel ones."""
-    block = read_deepspeed(args.deepspeed).get("tensor_parallel")
+    give it); the size in force. Read before the batch sizes: the processes they count are
+    the data-parallel ones. `raw`: the config already read (else read from args.deepspeed)."""
+    raw = read_deepspeed(args.deepspeed) if raw is None else raw
+    block = raw.get("tensor_parallel")
     given = block.get("autotp_size") if isinstance(block, dict) and block.get("enabled", True) is not False else None
     if isinstance(given, int) and not isinstance(given, bool) and given != "auto":
         size = max(1, given)
@@ -129,14 +120,14 @@ def tensor_parallel_option(args, explicit: set[str]) -> int:
             raise ConfigError(f"the DeepSpeed config disagrees with the options: tensor_parallel.autotp_size={given} "
                               f"vs --tensor_parallel_size {args.tensor_parallel_size}. Make them equal, set the "
                               "DeepSpeed value to \"auto\", or drop the option")
-        args.tensor_parallel_size = size
+        return size
     return args.tensor_parallel_size
 
 
-def data_parallel_size(args, explicit: set[str], world_size: int) -> int:
+def data_parallel_size(args, explicit: set[str], world_size: int, raw: dict | None = None) -> int:
     """The data-parallel ranks among `world_size` processes once they are split into pipeline
     stages and tensor ranks (the mesh's pipe x data x tensor); one line when they do not divide."""
-    stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit)
+    stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit, raw)
     if world_size % (stages * tensor):
         what = " with ".join(f"--{name}_parallel_size {size}" for name, size in (("pipeline", stages),
                                                                                 ("tensor", tensor)) if size > 1)
@@ -145,21 +136,60 @@ def data_parallel_size(args, explicit: set[str], world_size: int) -> int:
     return world_size // (stages * tensor)
 
 
+def model_autos(ds: dict, hidden_size: int | None, block_size) -> dict[str, object]:
+    """The "auto" values only the model and the data give: HF's bucket sizes from the hidden
+    size, and the curriculum's maximum from the block size (an int, or a callable asked only
+    when the curriculum needs it). Dotted key -> value, for fill_auto."""
+    autos: dict[str, object] = {}
+    if hidden_size:  # else "auto" in zero_optimization means zerotrain's default
+        for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
+                           ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                           ("prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                           ("stage3_param_persistence_threshold", 10 * hidden_size),
+                           ("param_persistence_threshold", 10 * hidden_size)):
+            autos[f"zero_optimization.{key}"] = value
+    curriculum = ds.get("curriculum_learning")
+    if isinstance(curriculum, dict) and curriculum.get("max_difficulty") == "auto":
+        length = block_size() if callable(block_size) else block_size  # a callable reads the data only now
+        if length:
+            autos["curriculum_learning.max_difficulty"] = length
+    return autos
+
+
+def fill_model_sizes(ds: dict, hidden_size: int | None, block_size) -> dict:
+    """Write `model_autos` into `ds` (in place); "auto" stays where they say nothing."""
+    filled = fill_auto(ds, model_autos(ds, hidden_size, block_size), keep_unfilled=True)
+    ds.clear()
+    ds.update(filled)
+    return ds
+
+
 def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_size: int | None,
-                           block_size) -> tuple[dict, bool]:
-    """(config for zerotrain.initialize, whether its scheduler block drives the LR). The
-    scheduler's step counts stay "auto" here; `fill_schedule` sets them once known.
-    `block_size` (int, or a callable asked only when the curriculum needs it) fills the
-    curriculum's "auto" maximum."""
-    ds = read_deepspeed(args.deepspeed)
-    f = _Filler(args, explicit)
-    setter = lambda name: (lambda v: setattr(args, name, type(getattr(args, name))(v)))  # noqa: E731
+                           block_size, raw: dict | None = None) -> BuiltConfig:
+    """The config for zerotrain.initialize from the options, for `world_size` data-parallel
+    ranks. The scheduler's step counts stay "auto" here; `fill_schedule` sets them once known.
+    `hidden_size` and `block_size` (int, or a callable asked only when the curriculum needs it)
+    fill the "auto"s of `model_autos`; None leaves them for `fill_model_sizes`. `raw`: the
+    config already read (else read from args.deepspeed). `args` is read, never written."""
+    ds = copy.deepcopy(raw) if raw is not None else read_deepspeed(args.deepspeed)
+    args = copy.copy(args)  # the values the config decides go into this copy and `adopted`
+    adopted: dict[str, object] = {}
+
+    def adopt(name: str, value) -> None:
+        setattr(args, name, value)
+        adopted[name] = value
+
+    tensor = tensor_parallel_option(args, explicit, ds)
+    if tensor != args.tensor_parallel_size:
+        adopt("tensor_parallel_size", tensor)
+    f = _Filler(args, explicit, adopt)
+    setter = lambda name: (lambda v: adopt(name, type(getattr(args, name))(v)))  # noqa: E731
     f.match(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", "per_device_train_batch_size",
             args.per_device_train_batch_size, setter("per_device_train_batch_size"))
     tbs, micro = ds.get("train_batch_size"), args.per_device_train_batch_size * world_size
     if "gradient_accumulation_steps" not in ds and "gradient_accumulation_steps" not in explicit and \
             isinstance(tbs, int) and not isinstance(tbs, bool) and tbs >= micro and tbs % micro == 0:
-        args.gradient_accumulation_steps = tbs // micro  # DeepSpeed's triad: the two given imply the third
+        adopt("gradient_accumulation_steps", tbs // micro)  # DeepSpeed's triad: the two given imply the third
     f.match(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps",
             args.gradient_accumulation_steps, setter("gradient_accumulation_steps"))
     total = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
@@ -190,25 +220,14 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
         ds["scheduler"].setdefault("params", {})
         for key, value in (("warmup_min_lr", 0.0), ("warmup_max_lr", args.learning_rate)):
             f.autos[f"scheduler.params.{key}"] = value
-    if hidden_size:  # else "auto" in zero_optimization means zerotrain's default
-        for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
-                           ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
-                           ("prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
-                           ("stage3_param_persistence_threshold", 10 * hidden_size),
-                           ("param_persistence_threshold", 10 * hidden_size)):
-            f.autos[f"zero_optimization.{key}"] = value
-    curriculum = ds.get("curriculum_learning")
-    if isinstance(curriculum, dict) and curriculum.get("max_difficulty") == "auto":
-        length = block_size() if callable(block_size) else block_size  # a callable reads the data only now
-        if length:
-            f.autos["curriculum_learning.max_difficulty"] = length
+    f.autos.update(model_autos(ds, hidden_size, block_size))
     if f.conflicts:
         raise ConfigError("the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
                           + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option")
     ds.setdefault("steps_per_print", None)
     if ds["steps_per_print"] is None:
         del ds["steps_per_print"]
-    return fill_auto(ds, f.autos, keep_unfilled=True), uses_ds_scheduler
+    return BuiltConfig(fill_auto(ds, f.autos, keep_unfilled=True), uses_ds_scheduler, adopted)
 
 
 def _optimizer(ds: dict, args, f: _Filler) -> None:
@@ -227,7 +246,7 @@ def _optimizer(ds: dict, args, f: _Filler) -> None:
     if "optim" in f.explicit and kind.lower() != args.optim:
         f.conflicts.append(f"optimizer.type={kind} vs --optim {args.optim}")
     params = block.setdefault("params", {})
-    setter = lambda name: (lambda v: setattr(args, name, float(v)))  # noqa: E731
+    setter = lambda name: (lambda v: f.adopt(name, float(v)))  # noqa: E731
     f.match(params, "lr", "optimizer.params.lr", "learning_rate", args.learning_rate, setter("learning_rate"))
     f.match(params, "weight_decay", "optimizer.params.weight_decay", "weight_decay", args.weight_decay,
             setter("weight_decay"))

@@ -3,36 +3,36 @@ a mistake in the DeepSpeed config or an option costs a second, not the ~12 s of 
 
     files           data files, model folder or config, tokenizer, init_from, chat template exist
     the data plan   do_train / do_eval / do_predict have the data they need
-    output_dir      not someone else's run (unless --overwrite_output_dir or resuming)
-    DeepSpeed JSON  built from the options with stand-in model sizes, validated for the world size
+    the run plan    (plan.py) output_dir not someone else's run (unless --overwrite_output_dir
+                    or resuming); the DeepSpeed config built from the options, typed and
+                    validated for the world size
     LR schedule     built once on a stand-in optimizer (bad lr_scheduler_kwargs fail here)
 
-Run by the launcher before it starts any rank and by every rank before it loads anything;
-the ranks also check that the nodes agree on how many they are (check_nodes).
+Run by the launcher before it starts any rank, and by every rank before it loads anything:
+the rank's plan is the one its Trainer runs. The ranks also check that the nodes agree on how
+many they are (check_nodes).
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError, DataError
-from .args import DataArguments, ModelArguments, TrainingArguments, check_data_plan
-
-# sizes that stand in for the model's until it is built: only the config's validity is checked
-_HIDDEN, _BLOCK, _STEPS = 64, 64, 1000
+from .args import TrainingArguments, check_data_plan
+from .plan import STAND_IN_STEPS, Options, RunPlan, plan_run
 
 
-def preflight(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments,
-              explicit: set[str], world_size: int) -> None:
+def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
+    """The run plan for these options on `world_size` processes (`comm`: this rank's), once
+    every file they name exists."""
     from .data.chat import check_chat_template
     from .data.tokenizer import check_tokenizer_source
-    from .loop import run_folder
     from .model.build import check_init_from, check_model_source
 
+    model_args, data_args, train_args = options.model, options.data, options.training
     check_data_plan(data_args, train_args)
     for name in ("train_file", "validation_file", "test_file"):
         value = getattr(data_args, name)
@@ -45,27 +45,21 @@ def preflight(model_args: ModelArguments, data_args: DataArguments, train_args: 
         check_init_from(model_args.init_from)
     if model_args.task == "sft":
         check_chat_template(data_args.chat_template)
-    output_dir = Path(train_args.output_dir).expanduser()
-    run_folder.check_output_dir(output_dir, train_args.overwrite_output_dir, bool(train_args.resume_from_checkpoint))
-    if train_args.resume_from_checkpoint:
-        run_folder.resolve_resume(train_args.resume_from_checkpoint, output_dir)
-    check_deepspeed_config(train_args, explicit, world_size, data_args.block_size)
+    return check_deepspeed_config(train_args, options.explicit, world_size, data_args.block_size, comm=comm,
+                                  model_options=model_args, data_options=data_args)
 
 
 def check_deepspeed_config(train_args: TrainingArguments, explicit: set[str], world_size: int,
-                           block_size: int | None) -> None:
-    from ..config import load_config
+                           block_size: int | None, **plan_options) -> RunPlan:
+    """The run plan (plan_run), with the LR schedule it asks for built on a stand-in optimizer."""
     from ..schedules import get_scheduler, resolve_warmup_steps
-    from .ds_config import build_deepspeed_config, data_parallel_size, fill_schedule
 
-    args = copy.copy(train_args)  # the config may adopt values into the options: not here
-    data = data_parallel_size(args, explicit, world_size)  # the batch counts data-parallel ranks
-    ds, uses_ds_scheduler = build_deepspeed_config(args, explicit, data, _HIDDEN, block_size or _BLOCK)
-    total = args.max_steps if args.max_steps > 0 else _STEPS
+    plan = plan_run(train_args, explicit, world_size, block_size=block_size, **plan_options)
+    if plan.built.uses_ds_scheduler:
+        return plan
+    args = plan.options
+    total = args.max_steps if args.max_steps > 0 else STAND_IN_STEPS
     warmup = resolve_warmup_steps(total, args.warmup_steps, args.warmup_ratio)
-    load_config(fill_schedule(ds, warmup, total), world_size=data)
-    if uses_ds_scheduler:
-        return
     stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.learning_rate)
     try:
         if args.lr_scheduler_type == "reduce_lr_on_plateau":
@@ -77,6 +71,7 @@ def check_deepspeed_config(train_args: TrainingArguments, explicit: set[str], wo
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
+    return plan
 
 
 def check_nodes(comm) -> None:

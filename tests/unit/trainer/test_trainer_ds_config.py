@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,14 +10,16 @@ import pytest
 from zerotrain.config import load_config
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.args import TrainingArguments
-from zerotrain.trainer.ds_config import (build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule,
-                                        offloads)
+from zerotrain.trainer.ds_config import build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule
 
 
 def build(ds, explicit=(), world=2, **options):
+    """(the options with what the config adopted, the config, whether its scheduler drives the LR)"""
     args = TrainingArguments(output_dir="o", deepspeed=ds, **options)
-    config, uses = build_deepspeed_config(args, set(explicit) | set(options), world, hidden_size=64, block_size=32)
-    return args, config, uses
+    given = dataclasses.asdict(args)
+    built = build_deepspeed_config(args, set(explicit) | set(options), world, hidden_size=64, block_size=32)
+    assert dataclasses.asdict(args) == given  # the build writes into no option
+    return dataclasses.replace(args, **built.adopted), built.config, built.uses_ds_scheduler
 
 
 def test_auto_and_absent_keys_come_from_the_options():
@@ -79,6 +82,21 @@ def test_values_the_user_left_at_defaults_follow_the_config():
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.learning_rate) == (4, 3, 0.003)
     assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.9)
     assert cfg["train_batch_size"] == 4 * 3 * 2
+
+
+def test_the_build_returns_what_it_adopts():
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 2.0, "bf16": {"enabled": True},
+          "tensor_parallel": {"autotp_size": 2},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.1}}}
+    built = build_deepspeed_config(TrainingArguments(output_dir="o", deepspeed=ds), set(), 2, None, None)
+    assert built.adopted == {"tensor_parallel_size": 2, "per_device_train_batch_size": 4, "max_grad_norm": 2.0,
+                             "bf16": True, "learning_rate": 0.003, "weight_decay": 0.1, "adam_beta1": 0.8,
+                             "adam_beta2": 0.9, "adam_epsilon": 1e-6}
+    triad = TrainingArguments(output_dir="o", deepspeed={"train_batch_size": 24}, per_device_train_batch_size=4)
+    assert build_deepspeed_config(triad, {"per_device_train_batch_size"}, 2, None, None).adopted == \
+        {"gradient_accumulation_steps": 3}  # DeepSpeed's triad: the two given imply the third
+    assert build_deepspeed_config(TrainingArguments(output_dir="o", learning_rate=0.1), set(), 2, None, None).adopted \
+        == {}
 
 
 def test_train_batch_size_must_add_up(tmp_path):
@@ -200,16 +218,3 @@ def test_the_batch_counts_data_parallel_ranks_of_pipeline_x_tensor():
                             "multiple of 4; launch a multiple of 4 (data parallel x pipeline x tensor)")
     with pytest.raises(ConfigError, match="^--tensor_parallel_size 2: the 3 processes are not a multiple of 2;"):
         data_parallel_size(TrainingArguments(output_dir="o", tensor_parallel_size=2), set(), 3)
-
-
-@pytest.mark.parametrize("zero, expected", [
-    ({"stage": 3}, False),
-    ({"stage": 3, "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}, False),
-    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}, True),
-    ({"stage": 3, "offload_optimizer": {"device": "cpu"}}, True),
-])
-def test_offloads_reads_both_offload_blocks(zero, expected):
-    """The trainer fixes malloc's mmap threshold before a stage-3 streamed load only when host
-    memory is the ceiling (zero/offload/host_memory.py)."""
-    assert offloads({"zero_optimization": zero}) is expected
-    assert offloads(None) is False

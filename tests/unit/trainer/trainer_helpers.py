@@ -10,6 +10,8 @@ import json
 import random
 from pathlib import Path
 
+from zerotrain.trainer import TrainerCallback
+
 WORDS = "the quick brown fox jumps over a lazy dog and the cat runs fast or slow".split()
 
 
@@ -44,17 +46,16 @@ def options(tmp_path: Path, **extra) -> dict:
 
 def run(values: dict, callbacks=()):
     """Train in this process; returns (results, metrics records)."""
-    from zerotrain.trainer.args import build
+    from zerotrain.trainer.assembly import run as assemble_and_train
+    from zerotrain.trainer.plan import Options
     from zerotrain.trainer.report.metrics_log import read_metrics
-    from zerotrain.trainer.pipeline import run as run_pipeline
 
-    explicit: set[str] = set()
-    model_args, data_args, train_args = build(values, explicit)
-    results = run_pipeline(model_args, data_args, train_args, explicit, callbacks)
-    return results, read_metrics(train_args.output_dir)
+    parsed = Options.parse(values)
+    results = assemble_and_train(parsed, callbacks)
+    return results, read_metrics(parsed.training.output_dir)
 
 
-class Capture:
+class Capture(TrainerCallback):
     """A callback that keeps the trainer, to look at the engine after a run."""
 
     def on_train_end(self, trainer):

@@ -38,7 +38,7 @@ class SavesAndResumes:
                 run_folder.rotate(self.output_dir, self.args.save_total_limit, best)
             self.comm.barrier()
         for cb in self.callbacks:
-            getattr(cb, "on_save", lambda t, p: None)(self, folder)
+            cb.on_save(self, folder)
         return folder
 
     def save_model(self, folder: Path | None = None, writer: bool | None = None) -> Path:
@@ -68,7 +68,7 @@ class SavesAndResumes:
         return folder
 
     def _resume(self) -> int:
-        save_dir, tag = run_folder.resolve_resume(self.args.resume_from_checkpoint, self.output_dir)
+        save_dir, tag = self.plan.folder.resume
         path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
         state = (client or {}).get("trainer")
         if path is None or state is None:

@@ -1,18 +1,23 @@
 """`Trainer`: HF Trainer's loop on top of the zerotrain engine.
 
-    Trainer(model, args, train_dataset, eval_dataset, ...).train()
+    Trainer(model, args, train_dataset, eval_dataset, ...).train()     options: planned here
+    Trainer(model, plan, data=prepared, ...).train()                    zerotrain train (assembly.py)
 
-    build:  join the process group (ddp_timeout) -> DeepSpeed config from the args (ds_config.py)
-            -> zerotrain.initialize -> sampler and loader (data/sampler.py)
+    build:  the run plan (plan.py: options, parallel sizes, run folder, DeepSpeed config; made
+            once) -> sampler and loader (data/sampler.py) -> the config's model and step values
+            filled -> zerotrain's initialize
     loop:   for each micro-batch: engine(batch) -> engine.backward -> engine.step (step.py)
             at each optimizer step: one all-reduce of (loss, micro-batches, tokens) -> log / evaluate / save
     end:    final evaluation, model (or adapter) + tokenizer to output_dir, summary table
+    events: TrainerCallback (callbacks.py) at train begin, step end, evaluate, save, train end
 
 Curriculum, layer drop and ZeRO come from the DeepSpeed config and act inside the engine; the
 trainer logs whatever the engine's features report (`log_fields`) without naming any of them.
 
-    tokens        features.batch.count_tokens of every training forward (after any curriculum
-                  cut, padding left out), summed over all ranks: the token budget's count too
+    tokens        features.batch.count_tokens of every training forward: batch x sequence
+                  length after any curriculum cut, padding included (every row counts the
+                  padded length, as Megatron's and HF's counts do), summed over all ranks; the
+                  token budget counts the same
     tokens_per_s  those tokens / seconds spent training; evaluation and checkpoint saves are
                   left out (an eval record carries its own eval_runtime)
 
@@ -28,32 +33,36 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-import zerotrain
-
 from ...comm import Comm, init_parallel
 from ...engine.checkpointing import writes_shared_files
 from ...errors import ConfigError, DataError, NonFiniteStepsError
+from ...initialize import initialize
 from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
 from ..data.sampler import TrainSampler, sample_lengths
-from ..ds_config import (build_deepspeed_config, check_no_auto_left, data_parallel_size, fill_schedule,
-                         model_hidden_size, sample_length)
+from ..ds_config import model_hidden_size, sample_length
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
 from ..report.metrics_log import MetricsLog, write_predictions
 from ..report.progress import Progress, summary_table
+from ..plan import RunPlan, plan_run
 from . import run_folder
+from .callbacks import checked
 from .saving import SavesAndResumes
 from .evaluate import evaluate
 from .interrupt import StopRequest, interrupted
 from .step import MicroBatches, TrainClock, UnusedParameterCheck, decay_groups
+
+if TYPE_CHECKING:
+    from ..data.prepare import PreparedData
 
 
 def set_seed(seed: int) -> None:
@@ -70,37 +79,51 @@ def _explicit_of(args: TrainingArguments) -> set[str]:
 
 
 class Trainer(SavesAndResumes):
-    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset, eval_dataset=None, *,
-                 task: str = "clm", tokenizer=None, data_collator=None, model_info: ModelInfo | None = None,
-                 lora_config: dict | None = None, base_model: str | None = None, num_labels: int | None = None,
-                 block_size: int | None = None, mlm_probability: float = 0.15, callbacks=(),
-                 explicit: set[str] | None = None, test_dataset=None, label_names: list | None = None,
-                 compute_metrics=None, extra_eval_datasets: dict | None = None):
-        self.args, self.task, self.tokenizer = args, task, tokenizer
-        self.model, self.lora_config, self.base_model = model, lora_config, base_model
-        self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom", task,
-                                            None, None, {})
-        self.num_labels = num_labels or getattr(getattr(model, "config", None), "num_labels", None) or 2
-        self.mlm_probability, self.callbacks = mlm_probability, list(callbacks)
-        self.train_dataset, self.eval_dataset, self.test_dataset = train_dataset, eval_dataset, test_dataset
-        self.label_names = label_names  # classification: class id -> the data's label, for predictions.jsonl
-        # HF's compute_metrics(outputs, labels) over the whole eval set; more eval sets by metric suffix (MNLI "mm")
-        self.compute_metrics, self.extra_eval = compute_metrics, dict(extra_eval_datasets or {})
-        self.comm = Comm(init_parallel(timeout_s=args.ddp_timeout))
+    def __init__(self, model: torch.nn.Module, args: TrainingArguments | RunPlan, train_dataset=None,
+                 eval_dataset=None, *, tokenizer=None, data_collator=None, compute_metrics=None, callbacks=(),
+                 model_info: ModelInfo | None = None, data: PreparedData | None = None):
+        """`args`: the options (HF's place for them), planned here, or the run plan preflight made
+        (`zerotrain train`), used as it is. `data`: the prepared data sets (train, eval, test,
+        extra eval sets, labels, block size) in place of train_dataset and eval_dataset.
+        `model_info`: what the assembly knows of the model (kind, task, hidden size, LoRA).
+        `compute_metrics(outputs, labels)`: HF's, over the whole eval set."""
+        if data is not None:
+            train_dataset, eval_dataset = data.train, data.eval
+        self.callbacks = checked(callbacks)
+        plan = args if isinstance(args, RunPlan) else None
+        if plan is not None and plan.comm is not None:
+            self.comm = plan.comm
+        else:
+            self.comm = Comm(init_parallel(timeout_s=(plan.options if plan else args).ddp_timeout))
+        if plan is None:
+            plan = plan_run(args, _explicit_of(args), self.comm.world_size, comm=self.comm,
+                            block_size=lambda: sample_length(train_dataset))
+        elif plan.parallel.world != self.comm.world_size:
+            raise ConfigError(f"the run plan is for {plan.parallel.world} processes and this run has "
+                              f"{self.comm.world_size}; make the plan on the ranks that run it")
+        self.plan, self.args = plan, plan.options
+        args = self.args
+        self.model, self.tokenizer = model, tokenizer
+        self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom",
+                                            plan.model_options.task, None, None, {})
+        self.task, self.lora_config = self.info.task, self.info.lora_config
+        self.base_model = plan.model_options.model_name_or_path
+        self.mlm_probability = plan.data_options.mlm_probability
+        labels = data.labels if data is not None else None
+        classes = (1 if data.regression else len(labels) if labels else None) if data is not None else None
+        self.num_labels = classes or getattr(getattr(model, "config", None), "num_labels", None) or 2
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.test_dataset = data.test if data is not None else None
+        self.label_names = labels  # classification: class id -> the data's label, for predictions.jsonl
+        # compute_metrics over the whole eval set; more eval sets by metric suffix (MNLI "mm")
+        self.compute_metrics, self.extra_eval = compute_metrics, dict(data.extra_eval if data is not None else {})
         self.rank0 = self.comm.rank == 0
-        self.output_dir = Path(args.output_dir).expanduser()
-        resuming = bool(args.resume_from_checkpoint)
-        run_folder.check_output_dir(self.output_dir, args.overwrite_output_dir, resuming)
-        if resuming:
-            run_folder.resolve_resume(args.resume_from_checkpoint, self.output_dir)
-        explicit = explicit if explicit is not None else _explicit_of(args)
-        world = data_parallel_size(args, explicit, self.comm.world_size)  # the mesh's pipe x data x tensor
-        stages, tensor = args.pipeline_parallel_size, args.tensor_parallel_size
-        self.data_rank, self.data_world = self.comm.rank // tensor % world, world
-        ds, uses_ds_scheduler = build_deepspeed_config(args, explicit,
-                                                       world, self.info.hidden_size or model_hidden_size(model),
-                                                       block_size or (lambda: sample_length(train_dataset)))
-        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # the config may have set them
+        self.output_dir = plan.folder.output_dir
+        sizes = plan.parallel  # the mesh's pipe x data x tensor
+        world, stages, tensor = sizes.data, sizes.pipeline, sizes.tensor
+        self.data_rank, self.data_world = sizes.data_rank(self.comm.rank), world
+        task = self.task
+        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # as the config adopted them
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
         self.micro_per_epoch, self.loader = 1, None
         if train_dataset is not None:  # None: evaluate only (do_train false)
@@ -120,30 +143,32 @@ class Trainer(SavesAndResumes):
         if stages > 1:
             from ...parallel.pipeline.from_model import split_model
 
-            trained, self.pipe_names = split_model(model, self.info.kind, task, stages, ds.get("pipeline"), tensor,
-                                                   world)
+            trained, self.pipe_names = split_model(model, self.info.kind, task, stages,
+                                                   plan.built.config.get("pipeline"), tensor, world)
         self.steps_per_epoch = self.micro_per_epoch // ga
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
         schedule_steps = max(1, self.total_steps)
         self.warmup_steps = resolve_warmup_steps(schedule_steps, args.warmup_steps, args.warmup_ratio)
-        check_no_auto_left(fill_schedule(ds, self.warmup_steps, schedule_steps))
-        self.ds_config = ds
+        block = (data.block_size if data is not None else None) or (lambda: sample_length(train_dataset))
+        self.ds_config = ds = plan.deepspeed_config(self.info.hidden_size or model_hidden_size(model), block,
+                                                    self.warmup_steps, schedule_steps)
+        uses_ds_scheduler = plan.built.uses_ds_scheduler
         factory = None
         plateau = args.lr_scheduler_type == "reduce_lr_on_plateau"
         if not uses_ds_scheduler and not plateau:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
         try:
-            self.engine, _, _, _ = zerotrain.initialize(model=trained, config=ds, lr_scheduler=factory,
-                                                        model_parameters=decay_groups(trained, args.weight_decay))
+            self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
+                                              model_parameters=decay_groups(trained, args.weight_decay))
         except ValueError as e:  # HF-style scheduler argument errors
             if isinstance(e, (ConfigError, DataError)):
                 raise
             raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
         # every rank has checked the options, the data and the config before anything is touched
         self.node_main = writes_shared_files(self.engine)  # rank 0; with node-local storage one per node
-        if self.node_main and args.overwrite_output_dir and not resuming:
+        if self.node_main and args.overwrite_output_dir and not plan.folder.resuming:
             run_folder.clear_previous_run(self.output_dir)
         created = not self.output_dir.exists()
         if self.comm.state.local_rank == 0 or self.rank0:
@@ -159,13 +184,13 @@ class Trainer(SavesAndResumes):
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
         self.unused = UnusedParameterCheck(trained) if args.ddp_find_unused_parameters is False else None
-        self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, mlm_probability)
+        self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, self.mlm_probability)
         self.keys = self.micro_batches.keys
         if self.pipe_names is not None:
             from ..pipeline_batches import PipelineMicroBatches
 
             self.micro_batches = PipelineMicroBatches(self.engine, self.keys, self.info.kind, task, tokenizer,
-                                                      mlm_probability)
+                                                      self.mlm_probability)
         if train_dataset is not None and "position_ids" in getattr(train_dataset, "column_names", ()) \
                 and "position_ids" not in self.keys:
             raise ConfigError(f"packing needs a model whose forward takes position_ids (HF models); "
@@ -209,6 +234,8 @@ class Trainer(SavesAndResumes):
     # ---- training ----------------------------------------------------------------------------
     def train(self) -> dict:
         """Train to max_steps (or epochs); without a training set, evaluate (and predict) only."""
+        for cb in self.callbacks:
+            cb.on_train_begin(self)
         with self.stop.deferred():
             if self.train_dataset is None:
                 self.progress = Progress(0, 0, False, False)
@@ -269,7 +296,7 @@ class Trainer(SavesAndResumes):
                 epoch_done = self.micro_in_epoch >= self.micro_per_epoch
                 self._maybe_evaluate_and_save(step, epoch_done)
                 for cb in self.callbacks:
-                    getattr(cb, "on_step_end", lambda t: None)(self)
+                    cb.on_step_end(self)
                 if step >= self.total_steps or engine.should_stop():
                     break
             if self.micro_in_epoch >= self.micro_per_epoch:
@@ -315,7 +342,7 @@ class Trainer(SavesAndResumes):
             self.plateau.step(metrics["eval_loss"])
         self._emit({"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens, **metrics})
         for cb in self.callbacks:
-            getattr(cb, "on_evaluate", lambda t, m: None)(self, metrics)
+            cb.on_evaluate(self, metrics)
         return metrics
 
     def _evaluate(self, dataset, prefix: str = "eval", predictions: list | None = None) -> dict:
@@ -368,5 +395,5 @@ class Trainer(SavesAndResumes):
             rows = [(k, v) for k, v in results.items() if v is not None]
             print(summary_table(rows + [("output_dir", str(self.output_dir))]), flush=True)
         for cb in self.callbacks:
-            getattr(cb, "on_train_end", lambda t: None)(self)
+            cb.on_train_end(self)
         return results

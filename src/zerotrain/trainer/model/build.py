@@ -64,6 +64,7 @@ class ModelInfo:
     max_positions: int | None
     hidden_size: int | None
     config: dict  # ours: the dataclass fields; hf: config.to_dict()
+    lora_config: dict | None = None  # with a LoRA adapter on: its config, saved beside the adapter
 
 
 def _read_mapping(path: Path) -> dict:

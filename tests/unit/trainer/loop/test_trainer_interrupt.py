@@ -10,9 +10,10 @@ import pytest
 from trainer_helpers import options, run
 
 from zerotrain.errors import TrainingInterrupted
+from zerotrain.trainer import TrainerCallback
 
 
-class SignalAt:
+class SignalAt(TrainerCallback):
     """Sends this process a signal during step `step` (between micro-batches, as a user would)."""
 
     def __init__(self, step: int, signum: int):

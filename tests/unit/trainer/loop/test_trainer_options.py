@@ -12,6 +12,7 @@ import torch
 from trainer_helpers import Capture, options, run, write_text
 
 from zerotrain.errors import ConfigError
+from zerotrain.trainer import TrainerCallback
 
 
 def losses(records):
@@ -146,7 +147,7 @@ def test_rotation_keeps_the_best_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-8"]
 
 
-class StopAfter:
+class StopAfter(TrainerCallback):
     def __init__(self, step):
         self.step = step
 
@@ -170,7 +171,7 @@ def test_resume_from_checkpoint_continues_exactly(tmp_path):
 def test_gradient_checkpointing_recomputes_blocks_with_the_same_result(tmp_path):
     calls = {}
 
-    class CountBlock:
+    class CountBlock(TrainerCallback):
         def __init__(self, key):
             self.key = key
 
@@ -287,7 +288,7 @@ def test_dataloader_num_workers_loads_in_worker_processes(tmp_path):
 def test_per_device_eval_batch_size_sets_eval_batches(tmp_path):
     counts = {}
 
-    class CountEval:
+    class CountEval(TrainerCallback):
         def __init__(self, key):
             self.key = key
 

@@ -11,9 +11,10 @@ from zerotrain.engine.hooks import EngineFeature
 from zerotrain.trainer.loop import step as step_module
 from zerotrain.trainer.loop import trainer as trainer_module
 from zerotrain.trainer.report.tensorboard import read_scalars
+from zerotrain.trainer import TrainerCallback
 
 
-class Tokens:
+class Tokens(TrainerCallback):
     """At each optimizer step: the trainer's tokens next to the token budget's."""
 
     def __init__(self):

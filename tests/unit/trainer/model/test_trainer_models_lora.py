@@ -13,6 +13,7 @@ from zerotrain.trainer.data.tokenizer import byte_tokenizer
 from zerotrain.trainer.loop.evaluate import finish
 from zerotrain.trainer.model import build as models
 from zerotrain.trainer.model import lora
+from zerotrain.trainer import TrainerCallback
 
 
 @pytest.mark.parametrize("preset, task, cls", [
@@ -64,7 +65,7 @@ def test_hf_run_saves_a_folder_from_pretrained_reads(tmp_path):
     assert res["global_step"] == 1 and modes.training == [True] and res["tokens"] == 4 * 32
 
 
-class Modes:
+class Modes(TrainerCallback):
     def __init__(self):
         self.training = []
 

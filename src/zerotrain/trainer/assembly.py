@@ -1,19 +1,26 @@
-"""`zerotrain train` on one rank: preflight -> tokenizer -> data -> model -> LoRA -> Trainer.
+"""`zerotrain train` on one rank: process group -> run plan -> tokenizer -> data -> model ->
+LoRA -> Trainer.
 
-The options and the DeepSpeed config are checked first, before anything is loaded. The order matters: the data sets the number of labels a classifier needs and the block size
-the model must hold, the seed is set before any weight is drawn, and LoRA goes on after
-`init_from` so the adapter sits on the loaded weights.
+    init_parallel           joins the process group, once (the Trainer reuses this Comm)
+    preflight -> RunPlan    options, files, run folder, DeepSpeed config: checked and built once
+    tokenizer, data         the data sets the labels a classifier needs and the block size the
+                            model must hold
+    model                   built after the seed is set; under ZeRO-3 straight into each rank's
+                            share, in the compute dtype (read from the plan's typed config)
+    init_from, LoRA         LoRA goes on after init_from so the adapter sits on the loaded weights
+    Trainer(model, plan)    the engine, the loader, the loop
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..comm import Comm, init_parallel
 from ..errors import ConfigError
-from .args import DataArguments, ModelArguments, TrainingArguments
+from .plan import Options
 
 
-def run(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments,
-        explicit: set[str] | None = None, callbacks=()) -> dict:
+def run(options: Options, callbacks=()) -> dict:
     from .data.prepare import prepare
     from .data.tokenizer import load_tokenizer
     from .loop.trainer import Trainer, set_seed
@@ -22,20 +29,20 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
     from .loop.glue_metrics import glue_metrics
     from .preflight import check_nodes, preflight
     from ..zero.offload.host_memory import return_large_blocks
-    from .ds_config import compute_dtype, offloads, zero_stage
 
+    model_args, data_args, train_args = options.model, options.data, options.training
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
     check_nodes(comm)
-    preflight(model_args, data_args, train_args, explicit if explicit is not None else set(), comm.world_size)
+    plan = preflight(options, comm.world_size, comm=comm)
+    train_args = plan.options
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
     positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
     data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm,
                    need_train=train_args.do_train is not False)
     num_labels = 1 if data.regression else len(data.labels) if data.labels else None
     set_seed(train_args.seed)
-    partition = (models.Partition(comm.rank, comm.world_size, compute_dtype(train_args))
-                 if zero_stage(train_args.deepspeed) == 3 else None)
-    if partition is not None and offloads(train_args.deepspeed):
+    partition = models.Partition(comm.rank, comm.world_size, plan.compute_dtype) if plan.zero_stage == 3 else None
+    if partition is not None and plan.offloads:
         return_large_blocks()  # before the streamed load, whose temporaries would stay resident (host_memory.py)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
                                      tokenizer, num_labels, partition)
@@ -67,10 +74,8 @@ def run(model_args: ModelArguments, data_args: DataArguments, train_args: Traini
         what = f"eval_strategy {train_args.eval_strategy}" if train_args.eval_strategy != "no" else "do_eval"
         raise ConfigError(f"{what} needs evaluation data: pass --validation_file or a validation_split_percentage "
                           "that leaves at least one sample")
-    trainer = Trainer(model, train_args, train, data.eval, task=model_args.task, tokenizer=tokenizer,
-                      model_info=info, lora_config=lora_config, base_model=model_args.model_name_or_path,
-                      num_labels=num_labels, block_size=data.block_size, mlm_probability=data_args.mlm_probability,
-                      callbacks=callbacks, explicit=explicit, test_dataset=data.test, label_names=data.labels,
-                      compute_metrics=glue_metrics(data_args.task_name) if data_args.task_name else None,
-                      extra_eval_datasets=data.extra_eval)
+    trainer = Trainer(model, plan, tokenizer=tokenizer, callbacks=callbacks,
+                      model_info=dataclasses.replace(info, lora_config=lora_config),
+                      data=dataclasses.replace(data, train=train),
+                      compute_metrics=glue_metrics(data_args.task_name) if data_args.task_name else None)
     return trainer.train()
