@@ -22,6 +22,7 @@ options decide (stage, offload, precision, parallel blocks), and `engine.config`
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +126,14 @@ class RunPlan:
         fill_model_sizes(ds, hidden_size, block_size)
         check_no_auto_left(fill_schedule(ds, warmup_steps, total_steps))
         return ds
+
+
+def explicit_of(options: TrainingArguments) -> set[str]:
+    """Options that differ from their defaults count as set by the user (the Python API, where
+    no command line says which were given)."""
+    fresh = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+             for f in dataclasses.fields(options)}
+    return {name for name, default in fresh.items() if getattr(options, name) != default}
 
 
 def plan_run(options: TrainingArguments, explicit: set[str], world_size: int, *, comm=None,

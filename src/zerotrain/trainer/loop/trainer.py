@@ -28,11 +28,9 @@ always has a checkpoint unless save_strategy is no.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,7 +51,7 @@ from ..model.gradient_checkpointing import enable_gradient_checkpointing
 from ..report.banner import banner
 from ..report.metrics_log import MetricsLog, write_predictions
 from ..report.progress import Progress, summary_table
-from ..plan import RunPlan, plan_run
+from ..plan import RunPlan, explicit_of, plan_run
 from . import run_folder
 from .callbacks import checked
 from .saving import SavesAndResumes
@@ -71,13 +69,6 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _explicit_of(args: TrainingArguments) -> set[str]:
-    """Options that differ from their defaults count as set by the user (Python API)."""
-    fresh = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-             for f in dataclasses.fields(args)}
-    return {name for name, default in fresh.items() if getattr(args, name) != default}
-
-
 class Trainer(SavesAndResumes):
     def __init__(self, model: torch.nn.Module, args: TrainingArguments | RunPlan, train_dataset=None,
                  eval_dataset=None, *, tokenizer=None, data_collator=None, compute_metrics=None, callbacks=(),
@@ -88,25 +79,17 @@ class Trainer(SavesAndResumes):
         `model_info`: what the assembly knows of the model (kind, task, hidden size, LoRA).
         `compute_metrics(outputs, labels)`: HF's, over the whole eval set."""
         if data is not None:
+            if train_dataset is not None or eval_dataset is not None:
+                raise TypeError("Trainer: pass data=, or train_dataset / eval_dataset, not both")
             train_dataset, eval_dataset = data.train, data.eval
         self.callbacks = checked(callbacks)
-        plan = args if isinstance(args, RunPlan) else None
-        if plan is not None and plan.comm is not None:
-            self.comm = plan.comm
-        else:
-            self.comm = Comm(init_parallel(timeout_s=(plan.options if plan else args).ddp_timeout))
-        if plan is None:
-            plan = plan_run(args, _explicit_of(args), self.comm.world_size, comm=self.comm,
-                            block_size=lambda: sample_length(train_dataset))
-        elif plan.parallel.world != self.comm.world_size:
-            raise ConfigError(f"the run plan is for {plan.parallel.world} processes and this run has "
-                              f"{self.comm.world_size}; make the plan on the ranks that run it")
-        self.plan, self.args = plan, plan.options
-        args = self.args
+        self.plan = plan = self._plan(args, train_dataset)
+        self.args = args = plan.options
         self.model, self.tokenizer = model, tokenizer
         self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom",
                                             plan.model_options.task, None, None, {})
-        self.task, self.lora_config = self.info.task, self.info.lora_config
+        self.task = task = self.info.task
+        self.lora_config = self.info.lora_config
         self.base_model = plan.model_options.model_name_or_path
         self.mlm_probability = plan.data_options.mlm_probability
         labels = data.labels if data is not None else None
@@ -120,69 +103,24 @@ class Trainer(SavesAndResumes):
         self.rank0 = self.comm.rank == 0
         self.output_dir = plan.folder.output_dir
         sizes = plan.parallel  # the mesh's pipe x data x tensor
-        world, stages, tensor = sizes.data, sizes.pipeline, sizes.tensor
-        self.data_rank, self.data_world = sizes.data_rank(self.comm.rank), world
-        task = self.task
-        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # as the config adopted them
+        self.data_rank, self.data_world = sizes.data_rank(self.comm.rank), sizes.data
         self.collator = data_collator or Collator(task, tokenizer.pad_token_id if tokenizer is not None else None)
-        self.micro_per_epoch, self.loader = 1, None
-        if train_dataset is not None:  # None: evaluate only (do_train false)
-            lengths = sample_lengths(train_dataset) if args.group_by_length else None
-            self.sampler = TrainSampler(len(train_dataset), mb, self.data_rank, world, args.seed, lengths)
-            self.loader = DataLoader(train_dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
-                                     num_workers=args.dataloader_num_workers,
-                                     generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
-            self.micro_per_epoch = len(self.loader) // ga * ga
-            if self.micro_per_epoch == 0:
-                raise ConfigError(f"an epoch has {len(self.loader)} micro-batches per process, fewer than "
-                                  f"gradient_accumulation_steps {ga}; lower it or the batch size, or add data")
+        self._make_loader(train_dataset)
         set_seed(args.seed)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         trained, self.pipe_names = model, None  # --pipeline_parallel_size: this rank's stage keys -> the model's
-        if stages > 1:
+        if sizes.pipeline > 1:
             from ...parallel.pipeline.from_model import split_model
 
-            trained, self.pipe_names = split_model(model, self.info.kind, task, stages,
-                                                   plan.built.config.get("pipeline"), tensor, world)
-        self.steps_per_epoch = self.micro_per_epoch // ga
+            trained, self.pipe_names = split_model(model, self.info.kind, task, sizes.pipeline,
+                                                   plan.built.config.get("pipeline"), sizes.tensor, sizes.data)
+        self.steps_per_epoch = self.micro_per_epoch // args.gradient_accumulation_steps
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
-        schedule_steps = max(1, self.total_steps)
-        self.warmup_steps = resolve_warmup_steps(schedule_steps, args.warmup_steps, args.warmup_ratio)
         block = (data.block_size if data is not None else None) or (lambda: sample_length(train_dataset))
-        self.ds_config = ds = plan.deepspeed_config(self.info.hidden_size or model_hidden_size(model), block,
-                                                    self.warmup_steps, schedule_steps)
-        uses_ds_scheduler = plan.built.uses_ds_scheduler
-        factory = None
-        plateau = args.lr_scheduler_type == "reduce_lr_on_plateau"
-        if not uses_ds_scheduler and not plateau:
-            factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
-                                                schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
-        try:
-            self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
-                                              model_parameters=decay_groups(trained, args.weight_decay))
-        except ValueError as e:  # HF-style scheduler argument errors
-            if isinstance(e, (ConfigError, DataError)):
-                raise
-            raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
-        # every rank has checked the options, the data and the config before anything is touched
-        self.node_main = writes_shared_files(self.engine)  # rank 0; with node-local storage one per node
-        if self.node_main and args.overwrite_output_dir and not plan.folder.resuming:
-            run_folder.clear_previous_run(self.output_dir)
-        created = not self.output_dir.exists()
-        if self.comm.state.local_rank == 0 or self.rank0:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.comm.barrier()
-        try:
-            run_folder.check_storage(self.comm, self.output_dir, self.engine.config.checkpoint.use_node_local_storage)
-        except ConfigError:
-            if created and self.comm.state.local_rank == 0 and not any(self.output_dir.iterdir()):
-                self.output_dir.rmdir()  # leave no trace of a run that could not start
-            raise
-        self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
-                                     scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
-            if plateau and not uses_ds_scheduler else None
+        self._make_engine(trained, block)
+        self._open_run_folder()  # every rank has checked the options, the data and the config by now
         self.unused = UnusedParameterCheck(trained) if args.ddp_find_unused_parameters is False else None
         self.micro_batches = MicroBatches(self.engine, model, task, tokenizer, self.mlm_probability)
         self.keys = self.micro_batches.keys
@@ -207,6 +145,81 @@ class Trainer(SavesAndResumes):
         if self.rank0:
             nodes = max(1, self.comm.world_size // (self.comm.state.local_world_size or self.comm.world_size))
             print(banner(self.engine, model, task, self.total_steps, nodes), flush=True)
+
+    # ---- building ----------------------------------------------------------------------------
+    def _plan(self, args: TrainingArguments | RunPlan, train_dataset) -> RunPlan:
+        """The plan handed in (and its Comm), or one made here for the options alone."""
+        plan = args if isinstance(args, RunPlan) else None
+        if plan is not None and plan.comm is not None:
+            self.comm = plan.comm
+        else:
+            self.comm = Comm(init_parallel(timeout_s=(plan.options if plan else args).ddp_timeout))
+        if plan is None:
+            return plan_run(args, explicit_of(args), self.comm.world_size, comm=self.comm,
+                            block_size=lambda: sample_length(train_dataset))
+        if plan.parallel.world != self.comm.world_size:
+            raise ConfigError(f"the run plan is for {plan.parallel.world} processes and this run has "
+                              f"{self.comm.world_size}; make the plan on the ranks that run it")
+        return plan
+
+    def _make_loader(self, dataset) -> None:
+        """This rank's share of every batch (data/sampler.py); None without a training set."""
+        args = self.args
+        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # as the config adopted them
+        self.micro_per_epoch, self.loader = 1, None
+        if dataset is None:  # evaluate only (do_train false)
+            return
+        lengths = sample_lengths(dataset) if args.group_by_length else None
+        self.sampler = TrainSampler(len(dataset), mb, self.data_rank, self.data_world, args.seed, lengths)
+        self.loader = DataLoader(dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
+                                 num_workers=args.dataloader_num_workers,
+                                 generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
+        self.micro_per_epoch = len(self.loader) // ga * ga
+        if self.micro_per_epoch == 0:
+            raise ConfigError(f"an epoch has {len(self.loader)} micro-batches per process, fewer than "
+                              f"gradient_accumulation_steps {ga}; lower it or the batch size, or add data")
+
+    def _make_engine(self, trained: torch.nn.Module, block_size) -> None:
+        """The plan's config with the model's hidden size, the data's block size and the step
+        counts filled in -> zerotrain's initialize; the LR schedule from the options unless the
+        config's scheduler block drives it."""
+        args, plan = self.args, self.plan
+        schedule_steps = max(1, self.total_steps)
+        self.warmup_steps = resolve_warmup_steps(schedule_steps, args.warmup_steps, args.warmup_ratio)
+        self.ds_config = ds = plan.deepspeed_config(self.info.hidden_size or model_hidden_size(self.model),
+                                                    block_size, self.warmup_steps, schedule_steps)
+        uses_ds_scheduler = plan.built.uses_ds_scheduler
+        factory = None
+        plateau = args.lr_scheduler_type == "reduce_lr_on_plateau"
+        if not uses_ds_scheduler and not plateau:
+            factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
+                                                schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        try:
+            self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
+                                              model_parameters=decay_groups(trained, args.weight_decay))
+        except ValueError as e:  # HF-style scheduler argument errors
+            if isinstance(e, (ConfigError, DataError)):
+                raise
+            raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
+        self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
+                                     scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
+            if plateau and not uses_ds_scheduler else None
+
+    def _open_run_folder(self) -> None:
+        """Clear an overwritten run's files, create output_dir, check who shares it."""
+        self.node_main = writes_shared_files(self.engine)  # rank 0; with node-local storage one per node
+        if self.node_main and self.args.overwrite_output_dir and not self.plan.folder.resuming:
+            run_folder.clear_previous_run(self.output_dir)
+        created = not self.output_dir.exists()
+        if self.comm.state.local_rank == 0 or self.rank0:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.comm.barrier()
+        try:
+            run_folder.check_storage(self.comm, self.output_dir, self.engine.config.checkpoint.use_node_local_storage)
+        except ConfigError:
+            if created and self.comm.state.local_rank == 0 and not any(self.output_dir.iterdir()):
+                self.output_dir.rmdir()  # leave no trace of a run that could not start
+            raise
 
     # ---- helpers -----------------------------------------------------------------------------
     @property
