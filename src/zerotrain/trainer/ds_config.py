@@ -11,6 +11,7 @@
 
 The values only the model and the data know (the hidden size behind HF's "auto" bucket sizes,
 the curriculum's "auto" maximum) are filled here when given, or later by `fill_model_sizes`.
+
 Every disagreement is listed in one ConfigError line. The scheduler block, if present,
 replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in
 (a warmup of 0 means no warmup). "auto" left inside fp16, bf16 and zero_optimization means
