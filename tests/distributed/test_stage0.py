@@ -32,7 +32,8 @@ def test_two_ranks_match_one_process(world2, extra):
     ranks = world2.run(train, dist_cfg, steps, batch)
     reference = train(ref_cfg, steps, batch)
     assert_params_close(ranks[0]["params"], ranks[1]["params"], rtol=0)  # replicas identical
-    assert_params_close(ranks[0]["params"], reference["params"])
+    # what is left is the gradients' own sum (two half-batch backward passes added): 6.4e-7
+    assert_params_close(ranks[0]["params"], reference["params"], rtol=2e-6)
     # training actually moved the weights
     start = train(base_config(batch, 4), 0, batch)["params"]
     moved = sum((ranks[0]["params"][k] - start[k]).norm().item() for k in start)
@@ -47,8 +48,8 @@ def test_clipping_uses_the_global_norm(world2):
     reference = train(base_config(batch, 4, gradient_clipping=0.05), steps, batch)
     assert all(n > 0.05 for n in reference["norms"])  # clipping was active every step
     for r in ranks:
-        assert r["norms"] == pytest.approx(reference["norms"], rel=1e-5)
-    assert_params_close(ranks[0]["params"], reference["params"])
+        assert r["norms"] == pytest.approx(reference["norms"], rel=1e-6)
+    assert_params_close(ranks[0]["params"], reference["params"], rtol=2e-6)
 
 
 def test_checkpoint_resume_gives_identical_losses(world2, tmp_path):

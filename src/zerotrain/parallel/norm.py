@@ -10,8 +10,9 @@ tensor-parallel rank > 0, is left out where another rank counts it. What is coun
 straight from the gradients the step reads (`reduced_grads`, this rank's piece of each flat
 group: whole at stage 0, its data-parallel shard at 1 and 2) as the few contiguous ranges the
 counted parameters cover there, so it works at every stage that lays gradients out flat and
-changes no gradient. A non-finite norm on any rank makes the sum non-finite everywhere, so
-every rank skips.
+changes no gradient. Every sum is float64 (zero.strategy.sum_of_squares), so the norm is the
+same however the model is cut across ranks. A non-finite norm on any rank makes the sum
+non-finite everywhere, so every rank skips.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import torch
 
 from ..errors import ConfigError
+from ..zero.strategy import sum_of_squares
 
 
 def counted_ranges(groups, rank: int, uncounted_ids: set[int]) -> list[list[tuple[int, int]]]:
@@ -61,21 +63,16 @@ class ModelParallelNorm:
         """The sum of squares of the counted gradients over this rank's data-parallel group."""
         self.inner.take_assigned_grads()
         pieces = [g[lo:hi] for g, ranges in zip(self.inner.reduced_grads(), self.ranges) for lo, hi in ranges]
-        squares = torch.zeros(1, dtype=torch.float64)
-        if pieces:
-            squares += torch.stack(torch._foreach_norm(pieces, 2, dtype=torch.float32)).double().square().sum()
+        squares = sum_of_squares(pieces)
         if self.inner.shards_optimizer:
             self.inner.comm.all_reduce(squares)
         return squares
 
     def grad_norm(self, loss_scale: float = 1.0) -> float:
-        if self.ranges is None:
-            local = self.inner.grad_norm(loss_scale)  # every parameter counts: the strategy's own norm
-            squares = torch.tensor([local * local], dtype=torch.float64)
-        else:
-            squares = self._counted_squares() / (loss_scale * loss_scale)
+        # every parameter counts where nothing is left out: the strategy's own sum
+        squares = self.inner.grad_squares() if self.ranges is None else self._counted_squares()
         self.model_comm.all_reduce(squares)
-        return math.sqrt(squares.item())
+        return math.sqrt(squares.item()) / loss_scale
 
     def full_state_dict(self, module: torch.nn.Module) -> dict:
         """Whole tensors: tensor-parallel pieces gathered (a collective over the tensor ranks)."""
