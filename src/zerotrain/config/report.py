@@ -86,6 +86,8 @@ def no_effect_keys(cfg) -> list[str]:
         found.append("pipeline (\"enabled\": false)")  # switched off: dropped by the schema
     if cfg.tensor_parallel.size == 1 and isinstance(cfg.raw.get("tensor_parallel"), dict):
         found.append("tensor_parallel (off: autotp_size 0 or 1, or \"enabled\": false)")
+    if cfg.optimizer is not None and "max_grad_norm" in cfg.optimizer.params:
+        found.append("optimizer.params.max_grad_norm (gradient_clipping clips)")
     for entry in entries(cfg, blocks=True):
         if _accepted_without_effect(entry):
             found.append(entry.path)

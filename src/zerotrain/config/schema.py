@@ -135,21 +135,31 @@ class DataTypesConfig(Block):
 
 class TokenBudgetConfig(Block):
     """zerotrain's own block (not DeepSpeed's): Megatron-DeepSpeed's --train-tokens,
-    --lr-decay-tokens, --lr-decay-style, --lr-warmup-iters and --min-lr."""
+    --lr-decay-tokens, --lr-decay-style, --lr-warmup-iters, --lr-warmup-tokens and --min-lr
+    (schedules/token_decay.py has the formula)."""
 
     enabled: bool = acts(True, "Count trained tokens (after any curriculum cut) over all ranks.")
     train_tokens: Int | None = acts(None, "Stop (engine.should_stop()) once this many tokens are trained.", gt=0)
     lr_decay_tokens: Int | None = acts(None, "Decay the LR over this many tokens; replaces the scheduler block.", gt=0)
-    lr_decay_style: Literal["linear", "cosine"] = acts("linear", "Shape of the token-based LR decay.")
+    lr_decay_style: Literal["linear", "cosine", "constant", "inverse-square-root"] = acts(
+        "linear", "Shape of the token-based LR decay.")
     warmup_steps: Int = acts(0, "Linear LR warmup from 0, in optimizer steps.", ge=0)
+    lr_warmup_tokens: Int | None = acts(None, "Linear LR warmup from 0 over this many tokens (instead of "
+                                              "warmup_steps).", ge=0)
     min_lr: Float = acts(0.0, "LR at the end of the token-based decay.", ge=0.0)
 
     @model_validator(mode="after")
     def _lr_settings_need_decay(self) -> TokenBudgetConfig:
         if self.lr_decay_tokens is None:
-            for key in ("lr_decay_style", "warmup_steps", "min_lr"):
+            for key in ("lr_decay_style", "warmup_steps", "lr_warmup_tokens", "min_lr"):
                 if key in self.given:
                     raise FieldProblem(key, "is set but does nothing without lr_decay_tokens; add lr_decay_tokens or remove it")
+            return self
+        if self.lr_warmup_tokens is not None and self.warmup_steps:
+            raise FieldProblem("lr_warmup_tokens", "and warmup_steps both set the warmup; keep one")
+        if self.lr_warmup_tokens is not None and self.lr_warmup_tokens >= self.lr_decay_tokens:
+            raise FieldProblem("lr_warmup_tokens", f"{self.lr_warmup_tokens} should be below lr_decay_tokens "
+                                                   f"{self.lr_decay_tokens}")
         return self
 
 
@@ -258,9 +268,15 @@ class ZeroTrainConfig(DeepSpeedExtras):
     def _cross_block(self) -> ZeroTrainConfig:
         if self.fp16.enabled and self.bf16.enabled:
             raise FieldProblem("", "fp16.enabled and bf16.enabled are both true; enable at most one")
+        params = self.optimizer.params if self.optimizer is not None else {}
+        if "max_grad_norm" in params and "gradient_clipping" not in self.given:
+            raise FieldProblem("optimizer.params.max_grad_norm", "zerotrain clips with the top-level key; set "
+                                                                 f"\"gradient_clipping\": {params['max_grad_norm']} "
+                                                                 "(with it this key is accepted and has no effect)")
         budget = self.token_budget
         if budget is not None and budget.enabled and budget.lr_decay_tokens is not None and self.scheduler is not None:
-            raise FieldProblem("token_budget.lr_decay_tokens", "drives the LR, and so does the scheduler block; keep one")
+            raise FieldProblem("token_budget.lr_decay_tokens", "drives the LR, and so does the scheduler block; keep "
+                                                               "one (token_budget.lr_decay_style picks the shape)")
         dtype = self.compute_dtype_name
         comm = self.communication_data_type
         if comm is not None and str(comm).lower() not in _DTYPE_NAMES[dtype]:

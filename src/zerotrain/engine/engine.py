@@ -194,13 +194,13 @@ class Engine(torch.nn.Module):
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**lr_kwargs)
         self._window_samples += self.train_batch_size()
-        spp = self.config.steps_per_print
-        if spp and (self.global_steps + 1) % spp == 0:
-            self._print_progress()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         for feature in self.features:
             feature.after_step(self)
+        spp = self.config.steps_per_print
+        if spp and self.global_steps % spp == 0:  # after the features: their counts include this step
+            self._print_progress()
 
     def _step_optimizer(self, coef: float) -> None:
         """Step with every gradient multiplied by coef (unscale x clip). torch's fused kernels
@@ -248,7 +248,7 @@ class Engine(torch.nn.Module):
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
         if self.comm.rank == 0:
             loss = stats[0].item() / max(stats[1].item(), 1.0)
-            fields = {"step": self.global_steps + 1, "loss": f"{loss:.4f}",
+            fields = {"step": self.global_steps, "loss": f"{loss:.4f}",
                       "lr": ",".join(f"{lr:.3e}" for lr in self.get_lr()),
                       "samples/s": f"{self._window_samples / elapsed:.1f}"}
             if self.skipped_steps:

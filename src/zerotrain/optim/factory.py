@@ -67,10 +67,10 @@ def _check_value(key: str, value: Any) -> None:
             raise ConfigError(f"{where} must be a pair of numbers in [0, 1), got {value!r}")
 
 
-def _reject_common(params: dict) -> None:
-    if "max_grad_norm" in params:
-        raise ConfigError("optimizer.params.max_grad_norm is not supported; clip gradients "
-                          "with the top-level gradient_clipping key instead")
+def _without_no_effect_keys(params: dict) -> dict:
+    # max_grad_norm (Megatron's configs carry it) reaches here only beside gradient_clipping,
+    # which clips: the config loader refuses it otherwise, and the optimizer never sees it
+    return {k: v for k, v in params.items() if k != "max_grad_norm"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,7 +171,7 @@ def build_optimizer(type_name: str, params: dict | None,
         raise ConfigError(f"optimizer.params must be a mapping, got {type(params).__name__}")
     if not isinstance(type_name, str) or not type_name:
         raise ConfigError(f"optimizer.type must be a non-empty string, got {type_name!r}")
-    _reject_common(params)
+    params = _without_no_effect_keys(params)
     if type_name.lower() in _BUILTIN:
         return _build_builtin(type_name.lower(), params, param_groups)
     available = _torch_optimizers()

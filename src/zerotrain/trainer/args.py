@@ -21,6 +21,7 @@ TASKS = ("clm", "mlm", "classification", "sft")
 SFT_FORMATS = ("auto", "messages", "sharegpt", "prompt_completion", "alpaca")
 STRATEGIES = ("no", "steps", "epoch")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
+LR_DECAY_STYLES = ("linear", "cosine", "constant", "inverse-square-root")
 
 
 def _opt(default, help: str, **extra) -> Any:
@@ -132,8 +133,25 @@ class TrainingArguments:
     lr_scheduler_kwargs: dict = _opt({}, "Extra schedule arguments as JSON, e.g. {\"num_cycles\": 1}.")
     warmup_steps: float = _opt(0, "Warmup steps; a value in (0, 1) is a fraction of the total (HF 5.x).")
     warmup_ratio: float = _opt(0.0, "Warmup as a fraction of the total steps, used when warmup_steps is 0.")
-    optim: str = _opt("adamw", "Optimizer: adamw, adam, sgd or momentum (SGD with momentum 0.9).",
-                      choices=OPTIMIZERS)
+    optim: str = _opt("adamw", "Optimizer: adamw, adam, sgd or momentum (SGD with momentum 0.9); mbgd "
+                               "(mini-batch gradient descent) is sgd.", choices=OPTIMIZERS)
+    train_tokens: int | None = _opt(
+        None, "Stop once this many tokens are trained (Megatron-DeepSpeed's --train-tokens; the DeepSpeed config's "
+              "token_budget.train_tokens); max_steps / num_train_epochs is then only a cap.",
+        aliases=("train-tokens",))
+    lr_decay_tokens: int | None = _opt(
+        None, "Set the LR by tokens, as Megatron-DeepSpeed's --lr-decay-tokens (token_budget.lr_decay_tokens), "
+              "instead of lr_scheduler_type: warmup over --warmup_steps steps (or --lr_warmup_tokens tokens), then "
+              "decay over the tokens trained from the warmup's end to this count, then min_lr.",
+        aliases=("lr-decay-tokens",))
+    lr_warmup_tokens: int | None = _opt(
+        None, "With lr_decay_tokens: warm the LR up over this many tokens instead of --warmup_steps.",
+        aliases=("lr-warmup-tokens",))
+    min_lr: float | None = _opt(None, "With lr_decay_tokens: the LR at the decay's end and after it (default 0).",
+                                aliases=("min-lr",))
+    lr_decay_style: str | None = _opt(
+        None, "With lr_decay_tokens: the decay's shape: linear (default), cosine, constant or inverse-square-root.",
+        choices=LR_DECAY_STYLES, aliases=("lr-decay-style",))
     fp16: bool = _opt(False, "Train in fp16 with dynamic loss scaling.")
     bf16: bool = _opt(False, "Train in bfloat16.")
     seed: int = _opt(42, "Seed for weights, data order, masking and dropout.")
@@ -209,6 +227,14 @@ def check_training_arguments(args: TrainingArguments) -> None:
         if value not in choices:
             raise ConfigError(f"{name}: should be one of {', '.join(choices)}, got {value!r}"
                               f"{did_you_mean(str(value), choices)}")
+    for name in ("train_tokens", "lr_decay_tokens", "lr_warmup_tokens", "min_lr"):
+        value = getattr(args, name)
+        low = 1 if name in ("train_tokens", "lr_decay_tokens") else 0
+        if value is not None and (isinstance(value, bool) or not math.isfinite(value) or value < low):
+            raise ConfigError(f"{name}: should be a number >= {low}, got {value!r}")
+    if args.lr_decay_style is not None and args.lr_decay_style not in LR_DECAY_STYLES:
+        raise ConfigError(f"lr_decay_style: should be one of {', '.join(LR_DECAY_STYLES)}, got "
+                          f"{args.lr_decay_style!r}{did_you_mean(str(args.lr_decay_style), LR_DECAY_STYLES)}")
     if args.fp16 and args.bf16:
         raise ConfigError("fp16 and bf16 are both set; choose one")
     if args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs == 0):
@@ -319,6 +345,9 @@ def build(values: dict, explicit: set[str] | None = None,
         cls, f = known[name]
         if name in per_class[cls] and key in alias:
             raise ConfigError(f"{key} and {name} set the same option; keep {name}")
+        value, note = hf_options.noted_value(name, value)
+        if note and notices is not None:
+            notices.append(note)
         per_class[cls][name] = convert(key, f, hf_options.map_value(name, value))
         if explicit is not None:
             explicit.add(name)

@@ -28,6 +28,7 @@ from ..config import autos_left, fill_auto, read_config
 from ..config.auto import unfilled_message
 from ..config.loader import check_keys
 from ..errors import ConfigError
+from .token_options import merge_token_budget
 
 _OPTIM_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "momentum": "momentum"}
 _ADAM = ("adamw", "adam")
@@ -39,8 +40,8 @@ def read_deepspeed(value) -> dict:
 
 @dataclass(frozen=True)
 class BuiltConfig:
-    """What `build_deepspeed_config` made: the config for zerotrain.initialize, whether its
-    scheduler block drives the LR, and the option values the config decided (option name ->
+    """What `build_deepspeed_config` made: the config for zerotrain.initialize, whether it sets
+    the LR itself (a scheduler block, or token-based decay: token_options.py), and the option values the config decided (option name ->
     value, for options the user left at their defaults). The options themselves are not
     written to: the run plan holds a copy with `adopted` applied."""
 
@@ -203,8 +204,9 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     if args.tensor_parallel_size > 1 or isinstance(block, dict) and block.get("autotp_size") == "auto":
         f.match(ds.setdefault("tensor_parallel", {}), "autotp_size", "tensor_parallel.autotp_size",
                 "tensor_parallel_size", args.tensor_parallel_size)
-    f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
-            setter("max_grad_norm"))
+    if not _clipping_left_to_the_config(ds, explicit):
+        f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
+                setter("max_grad_norm"))
     for name in ("fp16", "bf16"):
         key = "bfloat16" if name == "bf16" and "bfloat16" in ds else name
         block = ds.setdefault(key, {})
@@ -213,11 +215,12 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     if isinstance(ds.get("amp"), dict) and ds["amp"].get("enabled") == "auto":
         f.autos["amp.enabled"] = False  # HF's apex switch; zerotrain has no apex
     _optimizer(ds, args, f)
-    uses_ds_scheduler = isinstance(ds.get("scheduler"), dict)
-    if uses_ds_scheduler and "lr_scheduler_type" in explicit:
+    token_decay = merge_token_budget(ds, args, explicit, f.conflicts)  # the config then sets the LR itself
+    uses_ds_scheduler = isinstance(ds.get("scheduler"), dict) or token_decay
+    if isinstance(ds.get("scheduler"), dict) and "lr_scheduler_type" in explicit:
         f.conflicts.append(f"scheduler.type={ds['scheduler'].get('type')} vs --lr_scheduler_type "
                            f"{args.lr_scheduler_type} (both choose the schedule; keep one)")
-    if uses_ds_scheduler:
+    if isinstance(ds.get("scheduler"), dict):
         ds["scheduler"].setdefault("params", {})
         for key, value in (("warmup_min_lr", 0.0), ("warmup_max_lr", args.learning_rate)):
             f.autos[f"scheduler.params.{key}"] = value
@@ -229,6 +232,15 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     if ds["steps_per_print"] is None:
         del ds["steps_per_print"]
     return BuiltConfig(fill_auto(ds, f.autos, keep_unfilled=True), uses_ds_scheduler, adopted)
+
+
+def _clipping_left_to_the_config(ds: dict, explicit: set[str]) -> bool:
+    """A config whose optimizer params carry max_grad_norm and that has no gradient_clipping is
+    refused by load_config, with the fix; the default --max_grad_norm is not written in to hide
+    that, so `zerotrain train` answers as `zerotrain config` and initialize do."""
+    params = ds.get("optimizer", {}).get("params") if isinstance(ds.get("optimizer"), dict) else None
+    return isinstance(params, dict) and "max_grad_norm" in params and "gradient_clipping" not in ds \
+        and "max_grad_norm" not in explicit
 
 
 def _optimizer(ds: dict, args, f: _Filler) -> None:

@@ -44,6 +44,23 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "gradient_checkpointing_kwargs": ("--gradient_checkpointing recomputes each block (non-reentrant)", (None,)),
 }
 
+# Megatron-DeepSpeed's sample- and iteration-counted LR options: the token-based ones replace them
+# (the curriculum recipe's conversion: x the full sequence length, and x the global batch for iterations)
+LEGACY_TOKEN_OPTIONS: dict[str, str] = {
+    "lr_decay_samples": "use --lr_decay_tokens: {value} samples x the full sequence length (block_size)",
+    "lr_decay_iters": "use --lr_decay_tokens: {value} iterations x the full sequence length (block_size) x the "
+                      "global batch (samples per optimizer step)",
+    "rampup_batch_size": "a batch-size ramp-up is not supported; with a sequence-length curriculum the recipe "
+                         "removes it (both shrink the early batches' tokens): drop it and keep a fixed batch",
+    "lr_warmup_iters": "use --warmup_steps {value} (optimizer steps)",
+    "lr_warmup_samples": "use --warmup_steps: {value} samples / the global batch (samples per optimizer step)",
+}
+
+# values that name what zerotrain does under another name: (the value used, the note printed)
+NOTED_VALUES: dict[tuple[str, str], tuple[str, str]] = {
+    ("optim", "mbgd"): ("sgd", "optim mbgd: mini-batch gradient descent is SGD over mini-batches; training with sgd"),
+}
+
 NO_EFFECT: dict[str, str] = {
     "local_rank": "the rank comes from torchrun's environment",
     "run_name": "runs are named by their output_dir",
@@ -66,6 +83,9 @@ def foreign(key: str, value) -> str | None:
     that are neither return a KeyError (the caller reports an unknown option)."""
     if key in NO_EFFECT:
         return f"{key}: no effect in zerotrain ({NO_EFFECT[key]})"
+    legacy = key.replace("-", "_")
+    if legacy in LEGACY_TOKEN_OPTIONS:
+        raise ConfigError(f"{key}: not a zerotrain option; {LEGACY_TOKEN_OPTIONS[legacy].format(value=value)}")
     hint, harmless = REFUSED[key]
     if any(_means(value, h) for h in harmless):
         return None
@@ -88,7 +108,14 @@ def _means(value, wanted) -> bool:
 
 
 def is_foreign(key: str) -> bool:
-    return key in REFUSED or key in NO_EFFECT
+    return key in REFUSED or key in NO_EFFECT or key.replace("-", "_") in LEGACY_TOKEN_OPTIONS
+
+
+def noted_value(name: str, value) -> tuple[object, str | None]:
+    """(the value zerotrain uses, a note) for a value that names one of ours differently."""
+    if isinstance(value, str) and (name, value.lower()) in NOTED_VALUES:
+        return NOTED_VALUES[(name, value.lower())]
+    return value, None
 
 
 def map_value(name: str, value):

@@ -107,7 +107,6 @@ def test_group_hyperparameters_win_over_params():
     ("rmsprop", {}, "optimizer.type: unknown optimizer 'rmsprop', did you mean RMSprop?"),
     ("lamb2000", {}, "optimizer.type: unknown optimizer 'lamb2000'"),
     ("adam", {"betaz": [0.9, 0.99]}, "optimizer.params.betaz: unknown key, did you mean betas?"),
-    ("adam", {"max_grad_norm": 1.0}, "gradient_clipping"),
     ("adam", {"lr": -1.0}, "optimizer.params.lr must be"),
     ("adam", {"betas": [0.9]}, "optimizer.params.betas must be a pair"),
     ("adam", {"betas": [0.9, 1.0]}, "optimizer.params.betas must be a pair"),

@@ -48,7 +48,7 @@ from ..data.sampler import TrainSampler, sample_lengths
 from ..ds_config import model_hidden_size, sample_length
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
-from ..report.banner import banner
+from ..report.banner import banner, stop_line
 from ..report.metrics_log import MetricsLog, write_predictions
 from ..report.progress import Progress, summary_table
 from ..plan import RunPlan, explicit_of, plan_run
@@ -288,7 +288,8 @@ class Trainer(SavesAndResumes):
                 stats = torch.cat([self.micro_batches.take(), torch.tensor([self.stop.weight()], dtype=torch.float64)])
                 self.comm.all_reduce(stats)  # one small collective per optimizer step, the stop request with it
                 window += stats[:3]
-                self.tokens += int(stats[2])
+                counted = engine.feature_value("tokens_consumed")  # the engine's count, when it keeps one
+                self.tokens = counted if counted is not None else self.tokens + int(stats[2])
                 if self.unused is not None:
                     self.unused.check(engine.global_steps)
                 step = engine.global_steps
@@ -314,6 +315,9 @@ class Trainer(SavesAndResumes):
                     break
             if self.micro_in_epoch >= self.micro_per_epoch:
                 self.epoch, self.micro_in_epoch = self.epoch + 1, 0
+        line = stop_line(self.tokens, engine.feature_value("token_budget"), engine.global_steps, self.total_steps)
+        if line and self.rank0:
+            print(line, flush=True)
         if args.save_strategy != "no" and self.last_saved != engine.global_steps:
             self.save_checkpoint()  # the last step always has a checkpoint
         self.clock.stop()

@@ -5,6 +5,9 @@
       batch: 4 per process x 2 accumulation x 2 processes = 16 per step | 300 steps
       model states per process: estimated 1.92 MiB after a step; measured 981.50 KiB (device
         981.50 KiB) now (optimizer state comes with the first step)
+      token budget: train_tokens 2,000,000 ends the run; max_steps 3000 is only a cap
+      LR by tokens: 5-step warmup, then cosine decay to min_lr 1e-05 over the tokens from the warmup's
+        end to lr_decay_tokens 1,800,000
 
 The estimate is zerotrain.estimate_memory for the trained parameters (what `zerotrain
 estimate` prints before a job is launched); the measurement is engine.memory_breakdown().
@@ -63,4 +66,35 @@ def banner(engine, model, task: str, total_steps: int, nodes: int) -> str:
         f"{human_bytes(total_bytes(measured))}{f' ({places})' if places else ''} now (optimizer state comes "
         "with the first step)",
     ]
+    lines += token_budget_lines(cfg.token_budget, total_steps)
     return "\n".join(lines)
+
+
+def token_budget_lines(budget, total_steps: int) -> list[str]:
+    """What a token budget changes: the run's end and the LR (none without a budget)."""
+    if budget is None or not budget.enabled or (budget.train_tokens is None and budget.lr_decay_tokens is None):
+        return []
+    lines = []
+    if budget.train_tokens is not None:
+        lines.append(f"  token budget: train_tokens {budget.train_tokens:,} ends the run; max_steps {total_steps} is "
+                     "only a cap")
+    if budget.lr_decay_tokens is not None:
+        warmup = (f"a warmup over {budget.lr_warmup_tokens:,} tokens" if budget.lr_warmup_tokens
+                  else f"a {budget.warmup_steps}-step warmup" if budget.warmup_steps else "no warmup")
+        if budget.lr_decay_style == "constant":
+            lines.append(f"  LR by tokens: {warmup}, then constant (lr_decay_tokens {budget.lr_decay_tokens:,})")
+        else:
+            lines.append(f"  LR by tokens: {warmup}, then {budget.lr_decay_style} decay to min_lr {budget.min_lr:g} "
+                         f"over the tokens from the warmup's end to lr_decay_tokens {budget.lr_decay_tokens:,}")
+    return lines
+
+
+def stop_line(tokens: int, budget, step: int, max_steps: int) -> str | None:
+    """Which of the two ends stopped a run with a token budget: the budget or the step cap."""
+    if budget is None or budget.train_tokens is None:
+        return None
+    if tokens >= budget.train_tokens:
+        return (f"zerotrain: stopped at step {step}: the token budget is spent ({tokens:,} tokens trained, "
+                f"train_tokens {budget.train_tokens:,}), before max_steps {max_steps}")
+    return (f"zerotrain: stopped at step {step}: max_steps {max_steps} reached with {tokens:,} of train_tokens "
+            f"{budget.train_tokens:,} trained; raise --max_steps (or num_train_epochs) to train the whole budget")

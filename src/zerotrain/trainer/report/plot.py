@@ -22,6 +22,15 @@ def _series(records: list[dict], key: str) -> tuple[list, list, list]:
     return [r["step"] for r in rows], [r.get("tokens", 0) for r in rows], [r[key] for r in rows]
 
 
+def lr_axis(ax, lrs: list) -> None:
+    """The LR from 0 to its peak, with plain tick labels: an axis fitted to the values, with an
+    offset, makes 1.50e-4 -> 1.47e-4 fill the panel like a full decay."""
+    ax.set_ylabel("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0), useOffset=False)
+    top = max((v for v in lrs if v is not None), default=0.0)
+    ax.set_ylim(0.0, top * 1.05 if top > 0 else 1.0)
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib
 
@@ -48,7 +57,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.legend()
         s = _series(records, "lr")
         axes[1][col].plot(s[xi], s[2], color="tab:green")
-        axes[1][col].set_ylabel("learning rate")
+        lr_axis(axes[1][col], s[2])
         for row, key in enumerate(extra, start=2):
             s = _series(records, key)
             axes[row][col].plot(s[xi], s[2], color="tab:purple")
