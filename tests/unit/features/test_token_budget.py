@@ -1,36 +1,16 @@
-"""Token budget: tokens counted after the curriculum cut, the stop at exactly the budget,
-and the LR decayed by tokens while warmup counts steps."""
+"""Token budget: tokens counted after the curriculum cut, the stop at exactly the budget, and
+the LR set by tokens as Megatron-DeepSpeed's loop sets it (golden values: tests/megatron_lr.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from megatron_lr import golden_lrs
 
 import zerotrain
 from feature_models import (SEQ, Recorder, config, linear_curriculum, run_steps, single_process,  # noqa: F401
                             start, tiny_gpt)
 from zerotrain.errors import ConfigError
-from zerotrain.features.token_budget import token_lr
-
-
-# ---- the pure LR ---------------------------------------------------------------------------------
-def test_warmup_counts_steps():
-    assert [token_lr(1.0, s, 10**9, 100, warmup_steps=4) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
-
-
-@pytest.mark.parametrize("style", ["linear", "cosine"])
-def test_decay_by_tokens(style):
-    lr = lambda t: token_lr(1.0, 10, t, 1000, min_lr=0.1, style=style)
-    assert lr(0) == 1.0
-    assert lr(500) == pytest.approx(0.55)  # halfway, for both shapes
-    assert lr(1000) == pytest.approx(0.1)
-    assert lr(5000) == pytest.approx(0.1)  # held at min after the decay
-    if style == "cosine":
-        assert lr(250) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
-    else:
-        assert lr(250) == pytest.approx(0.775)
 
 
 # ---- counting and stopping -----------------------------------------------------------------------
@@ -78,33 +58,52 @@ def test_eval_forwards_are_not_counted():
     assert engine.feature_value("tokens_consumed") == 2 * SEQ
 
 
-# ---- LR by tokens --------------------------------------------------------------------------------
-@pytest.mark.parametrize("style", ["linear", "cosine"])
-def test_engine_lr_follows_tokens(style):
-    budget = {"train_tokens": 8 * 32, "lr_decay_tokens": 8 * 32, "lr_decay_style": style, "warmup_steps": 2,
-              "min_lr": 1e-4}
-    engine = start(tiny_gpt(), config(micro=2, lr=1e-2, token_budget=budget))
-    lrs = [engine.get_lr()[0]]
-    for step in range(1, 9):
-        run_steps(engine, 1)
-        lrs.append(engine.get_lr()[0])
-        assert engine.get_lr()[0] == pytest.approx(token_lr(1e-2, step, 32 * step, 8 * 32, 2, 1e-4, style))
-    assert lrs[:3] == pytest.approx([0.0, 5e-3, 1e-2])
-    assert lrs[-1] == pytest.approx(1e-4)
-    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+# ---- LR by tokens, through initialize ----------------------------------------------------------
+LENGTHS = [5, 9, 3, 16, 7, 12, 16, 4, 11, 16, 2, 8, 13, 6, 16, 10, 3, 14]  # per micro-batch: tokens vary
 
 
-def test_skipped_step_leaves_the_lr_alone():
-    engine = start(tiny_gpt(), config(lr=1e-2, token_budget={"lr_decay_tokens": 320}))
-    x = torch.zeros(2, SEQ, dtype=torch.long)
-    for i in range(3):
+def lr_run(budget: dict, lengths=LENGTHS, skip=(), ga=2, lr=1e-2):
+    """Train micro-batches of 2 rows of the given lengths; NaN losses in the steps of `skip`
+    (1-based) make the engine skip them. Returns (LR before any step and after each, step tokens)."""
+    engine = start(Recorder(), config(micro=2, ga=ga, lr=lr, token_budget=budget))
+    lrs, step_tokens, pending = [engine.get_lr()[0]], [], 0
+    for i, length in enumerate(lengths[: len(lengths) // ga * ga]):
+        x = torch.ones(2, length, dtype=torch.long)
         loss = engine(x, labels=x)
-        engine.backward(loss * (float("nan") if i == 1 else 1.0))
+        step = engine.global_steps + 1
+        engine.backward(loss * float("nan") if step in skip else loss)
         engine.step()
-        if i == 1:
-            assert engine.skipped_steps == 1 and engine.get_lr()[0] == pytest.approx(1e-2 * (1 - 32 / 320))
-    assert engine.feature_value("tokens_consumed") == 96  # the skipped step's tokens count
-    assert engine.get_lr()[0] == pytest.approx(1e-2 * (1 - 96 / 320))
+        pending += 2 * length
+        if (i + 1) % ga == 0:
+            lrs.append(engine.get_lr()[0])
+            step_tokens.append(pending)
+            pending = 0
+    assert engine.feature_value("tokens_consumed") == sum(step_tokens)
+    assert engine.skipped_steps == len(skip)
+    return lrs, step_tokens
+
+
+WARMUPS = {"none": ({}, {}), "steps": ({"warmup_steps": 3}, {"warmup_steps": 3}),
+           "tokens": ({"lr_warmup_tokens": 60}, {"warmup_tokens": 60})}
+
+
+@pytest.mark.parametrize("warmup", WARMUPS)
+@pytest.mark.parametrize("style", ["linear", "cosine", "constant", "inverse-square-root"])
+def test_every_step_equals_megatron_deepspeed(style, warmup):
+    ours, theirs = WARMUPS[warmup]
+    budget = {"lr_decay_tokens": 260, "lr_decay_style": style, "min_lr": 1e-4, **ours}
+    skip = (2, 6)  # overflow-skipped: one in the warmup, one in the decay
+    lrs, step_tokens = lr_run(budget, skip=skip)
+    golden = golden_lrs(step_tokens, skip, max_lr=1e-2, min_lr=1e-4, decay_tokens=260, style=style, **theirs)
+    assert lrs == pytest.approx(golden, rel=1e-12, abs=0)
+    assert sum(step_tokens[:-1]) > 260  # the grid reaches past lr_decay_tokens
+
+
+def test_skipped_step_counts_its_tokens_and_leaves_the_lr_alone():
+    lrs, step_tokens = lr_run({"lr_decay_tokens": 320}, lengths=[16, 16, 16, 16], ga=1, skip=(2,))
+    assert step_tokens == [32] * 4
+    # after step 1: tokens before it 0; step 2 skipped; step 3 sees both earlier steps' tokens
+    assert lrs == pytest.approx([1e-2, 1e-2, 1e-2, 1e-2 * (1 - 64 / 320), 1e-2 * (1 - 96 / 320)])
 
 
 def test_decay_tokens_with_a_scheduler_is_an_error():
@@ -117,17 +116,26 @@ def test_decay_tokens_with_a_scheduler_is_an_error():
 
 
 def test_budget_and_lr_survive_a_resume(tmp_path):
-    cfg = config(lr=1e-2, token_budget={"train_tokens": 10 * 32, "lr_decay_tokens": 10 * 32, "warmup_steps": 2})
+    budget = {"train_tokens": 10 * 32, "lr_decay_tokens": 9 * 32, "warmup_steps": 2, "lr_decay_style": "cosine"}
+    cfg = config(lr=1e-2, token_budget=budget)
     engine = start(tiny_gpt(), cfg)
     run_steps(engine, 4)
     engine.save_checkpoint(tmp_path)
-    losses = run_steps(engine, 6)
+    lrs = []
+    for _ in range(6):
+        losses = run_steps(engine, 1)
+        lrs.append(engine.get_lr()[0])
     assert engine.should_stop()
+    golden = golden_lrs([32] * 10, max_lr=1e-2, min_lr=0.0, decay_tokens=9 * 32, style="cosine", warmup_steps=2)
     resumed = start(tiny_gpt(seed=1), cfg)
     resumed.load_checkpoint(tmp_path)
     assert resumed.feature_value("tokens_consumed") == 128
-    assert resumed.get_lr()[0] == pytest.approx(1e-2 * (1 - 128 / 320))
-    assert run_steps(resumed, 6) == losses
+    assert resumed.get_lr()[0] == pytest.approx(golden[4], rel=1e-12)  # warmup's tokens (32) came back too
+    resumed_lrs = []
+    for _ in range(6):
+        resumed_losses = run_steps(resumed, 1)
+        resumed_lrs.append(resumed.get_lr()[0])
+    assert resumed_lrs == lrs == pytest.approx(golden[5:], rel=1e-12) and resumed_losses == losses
     assert resumed.should_stop() and resumed.feature_value("tokens_consumed") == 320
 
 
@@ -150,7 +158,7 @@ from zerotrain.features.token_budget import TokenBudgetFeature  # noqa: E402
 
 def budget(**kw):
     return SimpleNamespace(**{"train_tokens": None, "lr_decay_tokens": None, "warmup_steps": 0, "min_lr": 0.0,
-                              "lr_decay_style": "linear", **kw})
+                              "lr_warmup_tokens": None, "lr_decay_style": "linear", **kw})
 
 
 class _TwoRanks:
@@ -165,27 +173,22 @@ def fake_engine(lr=0.5, scheduler=None, optimizer=True):
     return SimpleNamespace(optimizer=opt, lr_scheduler=scheduler, skipped_steps=0, comm=_TwoRanks(), input_replica=False)
 
 
-def test_token_lr_defaults_and_a_one_step_warmup():
-    for s, t in ((0, 0), (1, 10), (3, 60), (9, 200)):
-        assert token_lr(1.0, s, t, 100) == token_lr(1.0, s, t, 100, 0, 0.0, "linear")
-    assert token_lr(1.0, 1, 50, 100, warmup_steps=1) == 1.0  # step 1 of a 1-step warmup is the peak
-    with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_style: should be linear or cosine, got 'exp'$"):
-        token_lr(1.0, 5, 10, 100, style="exp")
-
-
 def test_refusals_name_the_keys_and_the_way_out():
     with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_tokens sets the optimizer's LR; add an "
                                           r"\"optimizer\" block or pass optimizer= to zerotrain.initialize$"):
         TokenBudgetFeature(budget(lr_decay_tokens=10)).on_train_start(fake_engine(optimizer=False))
     with pytest.raises(ConfigError, match=r"^token_budget.lr_decay_tokens drives the LR, and so does the LR "
-                                          r"scheduler given to initialize; keep one$"):
+                                          r"scheduler given to initialize; keep one \(token_budget.lr_decay_style picks the shape\)$"):
         TokenBudgetFeature(budget(lr_decay_tokens=10)).on_train_start(fake_engine(scheduler=object()))
+    with pytest.raises(ConfigError, match=r"^token_budget.min_lr 0.6 is above the optimizer's lr 0.5; the decay "
+                                          r"runs from the lr down to min_lr$"):
+        TokenBudgetFeature(budget(lr_decay_tokens=10, min_lr=0.6)).on_train_start(fake_engine())
 
 
 def test_tokens_are_summed_over_ranks_exactly_beyond_float32():
     feature, engine = TokenBudgetFeature(budget()), fake_engine()
     feature.on_train_start(engine)
-    assert feature.state_dict() == {"tokens": 0, "lr_steps": 0, "peaks": []}
+    assert feature.state_dict() == {"tokens": 0, "peaks": []}
     feature._pending = 2**24 + 1  # float32 would round this to 2**24
     feature.after_step(engine)
     assert feature.tokens == 2 * (2**24 + 1)
@@ -199,21 +202,22 @@ def test_a_tensor_lr_is_written_in_place():
     engine.optimizer.param_groups[0]["lr"] = lr
     feature = TokenBudgetFeature(budget(lr_decay_tokens=100))
     feature.on_train_start(engine)
-    feature.before_forward(engine, (torch.zeros(1, 10, dtype=torch.long),), {})
-    feature.after_step(engine)  # 20 tokens of 100 (two ranks)
+    for _ in range(2):
+        feature.before_forward(engine, (torch.zeros(1, 10, dtype=torch.long),), {})
+        feature.after_step(engine)  # 20 tokens a step (two ranks); the LR from the tokens before the step
     assert engine.optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.5 * 0.8)
 
 
 def test_loading_restores_the_peaks_and_sets_the_lr_only_when_decaying():
-    state = {"tokens": 50, "lr_steps": 3, "peaks": [0.25]}
+    state = {"tokens": 50, "peaks": [0.25], "lr_schedule": {"steps": 3, "tokens": 30, "warmup_tokens": None}}
     fresh = TokenBudgetFeature(budget(lr_decay_tokens=100))
     fresh.load_state_dict(state)  # before train start: no engine to write to yet
     assert fresh.state_dict() == state
     decaying, engine = TokenBudgetFeature(budget(lr_decay_tokens=100)), fake_engine()
     decaying.on_train_start(engine)
     decaying.load_state_dict(state)
-    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(token_lr(0.25, 3, 50, 100))
+    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.25 * (1 - 30 / 100))
     counting, engine = TokenBudgetFeature(budget()), fake_engine()
     counting.on_train_start(engine)
-    counting.load_state_dict(state)
+    counting.load_state_dict({"tokens": 50, "peaks": []})
     assert engine.optimizer.param_groups[0]["lr"] == 0.5 and counting.tokens == 50
