@@ -12,6 +12,7 @@ import torch
 
 import zerotrain
 import zerotrain.zero
+from megatron_lr import golden_lrs
 from scenarios import global_batch, rank_and_world
 from test_stage0 import assert_params_close
 from zerotrain.models import GPT, GPTConfig
@@ -33,7 +34,8 @@ def features(stage: int, micro: int, ga: int = 1) -> dict:
                                 "schedule_type": "fixed_linear",
                                 "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}},
         "progressive_layer_drop": {"enabled": True, "theta": 0.3, "gamma": 0.3},
-        "token_budget": {"train_tokens": BUDGET, "lr_decay_tokens": BUDGET, "warmup_steps": 1},
+        "token_budget": {"train_tokens": BUDGET, "lr_decay_tokens": BUDGET - 64, "warmup_steps": 2,
+                         "lr_decay_style": "cosine", "min_lr": 1e-4},
     }
 
 
@@ -69,6 +71,9 @@ def test_two_ranks_match_one_process(world2, stage, micro, ga):
     ranks = world2.run(train_with_features, features(stage, micro, ga))
     reference = train_with_features(features(stage, BATCH))
     assert reference["tokens"] == [32, 64, 96, 160, 224, 288, 352, 416]  # cut lengths, stop at the budget
+    golden = golden_lrs([32, 32, 32, 64, 64, 64, 64, 64], max_lr=3e-3, min_lr=1e-4, decay_tokens=BUDGET - 64,
+                        style="cosine", warmup_steps=2)
+    assert reference["lrs"] == pytest.approx(golden[1:], rel=1e-12, abs=0)  # Megatron-DeepSpeed's, every step
     assert reference["block_runs"] < 4 * len(reference["tokens"])  # layers were dropped
     for r in ranks:
         assert r["tokens"] == reference["tokens"]  # summed over both ranks

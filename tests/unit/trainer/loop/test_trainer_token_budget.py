@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import re
 
 import pytest
 import torch
@@ -83,6 +85,22 @@ def test_the_lr_and_the_token_count_survive_a_resume(tmp_path):
     run({**cut, "resume_from_checkpoint": "latest"}, [resumed])
     assert resumed.rows[0][0] == 6 and resumed.rows == full.rows[5:]
     assert [lr for _, lr, _ in full.rows] == pytest.approx(golden(full.rows), rel=1e-12, abs=0)
+
+
+def test_one_token_count_in_the_engine_lines_and_the_trainer_log(tmp_path, caplog):
+    logger = logging.getLogger("zerotrain")
+    logger.addHandler(caplog.handler)  # initialize turns propagation off
+    caplog.set_level(logging.INFO, logger="zerotrain")
+    try:
+        values = budget_options(tmp_path, "options", max_steps=6)
+        values["deepspeed"]["steps_per_print"] = 2
+        _, records = run(values)
+    finally:
+        logger.removeHandler(caplog.handler)
+    engine_lines = [re.search(r"^step=(\d+) .* tokens=(\d+)$", r.getMessage()) for r in caplog.records]
+    engine_tokens = {int(m.group(1)): int(m.group(2)) for m in engine_lines if m}
+    assert sorted(engine_tokens) == [2, 4, 6]
+    assert engine_tokens == {r["step"]: r["tokens"] for r in records if r["step"] in engine_tokens}
 
 
 def test_the_run_says_when_max_steps_ends_it_first(tmp_path, capsys):
