@@ -3,7 +3,8 @@
 A 2-rank job costs ~15-20 s here (process start and imports dominate), so each test covers
 several options at once:
 
-    resume       clm, GPT, ZeRO-1, save_total_limit; killed mid-run, resumed with plain torchrun
+    resume       clm, GPT, ZeRO-1, save_total_limit, a seqlen curriculum with the LR set by tokens
+                 (equal to Megatron-DeepSpeed's at every step); killed mid-run, resumed with plain torchrun
     mlm -> cls   BERT MLM with ZeRO-2, layer drop, line_by_line + group_by_length, then a
                  classifier with ZeRO-0 initialised from it (init_from) on CSV data
     lora         HF LLaMA from a local folder, LoRA with ZeRO-3 and gradient checkpointing, merge-lora
@@ -23,14 +24,18 @@ import time
 import pytest
 
 from e2e_helpers import COMMON, WORDS, env, metrics, ok, state, text_file, wait_for_no_process_with, zerotrain
+from megatron_lr import golden_lrs
 
 
 def test_killed_run_resumes_to_the_same_losses(tmp_path):
     text_file(tmp_path / "train.txt", 600)
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1},
+    curriculum = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 32, "max_difficulty": 128,
+                  "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 12, "difficulty_step": 32}}
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "curriculum_learning": curriculum,
                                                   "train_micro_batch_size_per_gpu": "auto"}))
     args = ["--model_config", "gpt-small", "--train_file", "train.txt", "--block_size", "128", "--max_steps", "30",
             "--save_steps", "4", "--save_total_limit", "2", "--deepspeed", "ds.json", "--learning_rate", "2e-3",
+            "--lr_decay_tokens", "20000", "--warmup_steps", "3", "--lr_decay_style", "cosine", "--min_lr", "1e-4",
             "--eval_strategy", "steps", "--eval_steps", "10", *COMMON]
     ok(zerotrain(tmp_path, "train", "--nproc_per_node", "2", "--output_dir", "full", *args))
 
@@ -56,6 +61,13 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path):
     full, cut = metrics(tmp_path / "full"), metrics(tmp_path / "cut")
     assert [r["step"] for r in cut if "loss" in r] == list(range(1, 31))
     assert [r["loss"] for r in cut if "loss" in r] == [r["loss"] for r in full if "loss" in r]
+    tokens = [r["tokens"] for r in full if "loss" in r]
+    golden = golden_lrs([b - a for a, b in zip([0] + tokens, tokens)], max_lr=2e-3, min_lr=1e-4, decay_tokens=20000,
+                        style="cosine", warmup_steps=3)
+    for run in (full, cut):  # the token counter and the LR came back with the checkpoint
+        assert [r["lr"] for r in run if "loss" in r] == pytest.approx(golden[1:], rel=1e-12, abs=0)
+        assert [r["tokens"] for r in run if "loss" in r] == tokens
+    assert len(set(tokens[i] - tokens[i - 1] for i in range(1, 30))) > 2 and tokens[-2] > 20000
     assert state(tmp_path / "cut")["eval_loss"] == state(tmp_path / "full")["eval_loss"]
     # save_total_limit 2 keeps the newest two; the last step always gets one, and with the final
     # evaluation it is also the best (test_rotation_keeps_the_best_checkpoint: an older best stays)

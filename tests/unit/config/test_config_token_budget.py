@@ -15,8 +15,8 @@ def load(block: dict, **extra):
 def test_defaults():
     tb = load({}).token_budget
     assert isinstance(tb, TokenBudgetConfig)
-    assert (tb.enabled, tb.train_tokens, tb.lr_decay_tokens, tb.lr_decay_style, tb.warmup_steps, tb.min_lr) == \
-        (True, None, None, "linear", 0, 0.0)
+    assert (tb.enabled, tb.train_tokens, tb.lr_decay_tokens, tb.lr_decay_style, tb.warmup_steps, tb.lr_warmup_tokens,
+            tb.min_lr) == (True, None, None, "linear", 0, None, 0.0)
     assert load_config({"train_batch_size": 8}).token_budget is None
 
 
@@ -25,6 +25,9 @@ def test_every_key():
                "warmup_steps": 5, "min_lr": 1e-5}).token_budget
     assert (tb.train_tokens, tb.lr_decay_tokens, tb.lr_decay_style, tb.warmup_steps, tb.min_lr) == \
         (1000, 900, "cosine", 5, 1e-5)
+    for style in ("constant", "inverse-square-root"):
+        assert load({"lr_decay_tokens": 900, "lr_decay_style": style, "lr_warmup_tokens": 50}).token_budget \
+            .lr_warmup_tokens == 50
 
 
 @pytest.mark.parametrize("block,match", [
@@ -39,6 +42,12 @@ def test_every_key():
     ({"min_lr": 1e-5}, "token_budget.min_lr is set but does nothing without lr_decay_tokens"),
     ({"warmup_steps": 10}, "token_budget.warmup_steps is set but does nothing without lr_decay_tokens"),
     ({"lr_decay_style": "cosine"}, "token_budget.lr_decay_style is set but does nothing"),
+    ({"lr_warmup_tokens": 5}, "token_budget.lr_warmup_tokens is set but does nothing without lr_decay_tokens"),
+    ({"lr_decay_tokens": 10, "lr_warmup_tokens": -1}, "token_budget.lr_warmup_tokens"),
+    ({"lr_decay_tokens": 10, "lr_warmup_tokens": 5, "warmup_steps": 2},
+     "token_budget.lr_warmup_tokens: and warmup_steps both set the warmup; keep one"),
+    ({"lr_decay_tokens": 10, "lr_warmup_tokens": 10}, "token_budget.lr_warmup_tokens: 10 should be below "
+                                                      "lr_decay_tokens 10"),
 ])
 def test_bad_values_name_the_key(block, match):
     with pytest.raises(ConfigError, match=match):
