@@ -294,7 +294,7 @@ class Trainer(SavesAndResumes):
                     self.unused.check(engine.global_steps)
                 step = engine.global_steps
                 fields = self.feature_fields()
-                if step % args.logging_steps == 0 or step == self.total_steps:
+                if step % args.logging_steps == 0 or step == self.total_steps or engine.should_stop():
                     record = {"step": step, "epoch": self.epoch_progress(), "tokens": self.tokens,
                               "loss": window[0].item() / max(window[1].item(), 1.0), "lr": engine.get_lr()[0],
                               "grad_norm": engine.get_global_grad_norm(),

@@ -103,6 +103,12 @@ def test_one_token_count_in_the_engine_lines_and_the_trainer_log(tmp_path, caplo
     assert engine_tokens == {r["step"]: r["tokens"] for r in records if r["step"] in engine_tokens}
 
 
+def test_the_step_the_budget_ends_on_is_logged(tmp_path):
+    results, records = run(budget_options(tmp_path, "options", logging_steps=5))
+    assert results["global_step"] % 5 and records[-1]["step"] == results["global_step"]
+    assert records[-1]["tokens"] == results["tokens"] >= 1500
+
+
 def test_the_run_says_when_max_steps_ends_it_first(tmp_path, capsys):
     results, _ = run(budget_options(tmp_path, "options", max_steps=4))
     assert (f"zerotrain: stopped at step 4: max_steps 4 reached with {results['tokens']:,} of train_tokens 1,500 "
