@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import (CheckpointError, ConfigError, DataError, DistributedFaultError, NonFiniteStepsError,
                       TrainingInterrupted)
 from ..trainer import args as targs
-from ..trainer.hf_options import is_foreign
+from ..trainer.hf_options import foreign_nargs, is_foreign
 
 _ERROR_DIR = "ZEROTRAIN_ERROR_DIR"
 _USER_ERRORS = (ConfigError, DataError, CheckpointError, NonFiniteStepsError, DistributedFaultError)
@@ -75,7 +75,10 @@ def split_foreign(argv: list[str]) -> tuple[list[str], dict]:
             if "=" in item:
                 value = item.split("=", 1)[1]
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value, i = argv[i + 1], i + 1
+                count = foreign_nargs(name[2:])  # Megatron's --rampup-batch-size takes three
+                taken = [a for a in argv[i + 1 : i + 1 + count]]
+                taken = taken[: next((k for k, a in enumerate(taken) if a.startswith("--")), len(taken))]
+                value, i = " ".join(taken), i + len(taken)
             else:
                 value = "true"
             foreign[name[2:]] = value

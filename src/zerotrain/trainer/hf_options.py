@@ -111,6 +111,11 @@ def is_foreign(key: str) -> bool:
     return key in REFUSED or key in NO_EFFECT or key.replace("-", "_") in LEGACY_TOKEN_OPTIONS
 
 
+def foreign_nargs(key: str) -> int:
+    """How many command-line values a foreign option takes (its answer quotes them all)."""
+    return 3 if key.replace("-", "_") == "rampup_batch_size" else 1
+
+
 def noted_value(name: str, value) -> tuple[object, str | None]:
     """(the value zerotrain uses, a note) for a value that names one of ours differently."""
     if isinstance(value, str) and (name, value.lower()) in NOTED_VALUES:

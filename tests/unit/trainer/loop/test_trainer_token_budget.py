@@ -166,6 +166,13 @@ def test_megatron_sample_and_iteration_options_are_refused_with_the_conversion(t
     assert str(err.value) == message
 
 
+def test_rampup_batch_size_takes_its_three_values_from_the_command_line():
+    from zerotrain.commands.train import split_foreign
+
+    assert split_foreign(["--rampup-batch-size", "16", "16", "1000", "opts.yaml", "--push_to_hub", "false"]) == \
+        (["opts.yaml"], {"rampup-batch-size": "16 16 1000", "push_to_hub": "false"})
+
+
 def test_dashed_megatron_spellings_and_mbgd(tmp_path):
     notices: list[str] = []
     _, _, args = build(options(tmp_path, **{"train-tokens": "800", "lr-decay-tokens": "700", "optim": "mbgd"}),
