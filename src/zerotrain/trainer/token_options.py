@@ -41,6 +41,7 @@ def merge_token_budget(ds: dict, args, explicit: set[str], conflicts: list[str])
         return False  # absent, or a wrong type that load_config names
     if given and block.get("enabled", True) is False:
         conflicts.append(f"token_budget.enabled=false vs --{next(iter(given))} {next(iter(given.values()))}")
+        return False
     for name, value in given.items():
         if block.get(name, "auto") == "auto":
             block[name] = value
