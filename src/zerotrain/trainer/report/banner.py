@@ -78,7 +78,10 @@ def token_budget_lines(budget, total_steps: int) -> list[str]:
     if budget.train_tokens is not None:
         lines.append(f"  token budget: train_tokens {budget.train_tokens:,} ends the run; max_steps {total_steps} is "
                      "only a cap")
-    if budget.lr_decay_tokens is not None:
+    if budget.lr_decay_tokens is None:
+        lines.append(f"  LR by steps, planned for max_steps {total_steps}: the budget may end the run early in "
+                     "the schedule; --lr_decay_tokens sets the LR by tokens")
+    else:
         warmup = (f"a warmup over {budget.lr_warmup_tokens:,} tokens" if budget.lr_warmup_tokens
                   else f"a {budget.warmup_steps}-step warmup" if budget.warmup_steps else "no warmup")
         if budget.lr_decay_style == "constant":

@@ -103,6 +103,19 @@ def test_one_token_count_in_the_engine_lines_and_the_trainer_log(tmp_path, caplo
     assert engine_tokens == {r["step"]: r["tokens"] for r in records if r["step"] in engine_tokens}
 
 
+def test_a_budget_beside_a_step_schedule_says_so():
+    from types import SimpleNamespace
+
+    from zerotrain.trainer.report.banner import token_budget_lines
+
+    budget = SimpleNamespace(enabled=True, train_tokens=25000, lr_decay_tokens=None)
+    assert token_budget_lines(budget, 3000) == [
+        "  token budget: train_tokens 25,000 ends the run; max_steps 3000 is only a cap",
+        "  LR by steps, planned for max_steps 3000: the budget may end the run early in the schedule; "
+        "--lr_decay_tokens sets the LR by tokens"]
+    assert token_budget_lines(SimpleNamespace(enabled=True, train_tokens=None, lr_decay_tokens=None), 9) == []
+
+
 def test_the_step_the_budget_ends_on_is_logged(tmp_path):
     results, records = run(budget_options(tmp_path, "options", logging_steps=5))
     assert results["global_step"] % 5 and records[-1]["step"] == results["global_step"]
