@@ -56,9 +56,11 @@ def merge_token_budget(ds: dict, args, explicit: set[str], conflicts: list[str])
                                   else f"{name} is for the token-based LR: add --lr_decay_tokens N")
         return False
     check_lr_options(args, explicit)
-    if args.warmup_steps >= 1:
+    if block.get("warmup_steps") == "auto":
+        block["warmup_steps"] = int(args.warmup_steps)  # "auto": the option's, 0 when not given
+    elif args.warmup_steps >= 1:
         steps = int(args.warmup_steps)
-        if block.get("warmup_steps", "auto") == "auto":
+        if "warmup_steps" not in block:
             block["warmup_steps"] = steps
         elif not _same(block["warmup_steps"], steps) and "warmup_steps" in explicit:
             conflicts.append(f"token_budget.warmup_steps={block['warmup_steps']} vs --warmup_steps {steps}")
