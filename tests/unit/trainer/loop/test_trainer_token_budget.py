@@ -17,6 +17,7 @@ from megatron_lr import golden_lrs
 from trainer_helpers import options, run
 
 import zerotrain
+from zerotrain import TrainerCallback
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.args import build
 
@@ -25,7 +26,7 @@ CURRICULUM = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
 TOKEN_OPTIONS = {"train_tokens": 1500, "lr_decay_tokens": 1200, "min_lr": 1e-5, "lr_decay_style": "cosine"}
 
 
-class Steps:
+class Steps(TrainerCallback):
     """Each optimizer step's (step, LR in force after it, tokens trained so far)."""
 
     def __init__(self):
@@ -70,7 +71,7 @@ def test_options_or_the_config_block_drive_one_lr_equal_to_megatron_deepspeed(tm
 
 
 def test_the_lr_and_the_token_count_survive_a_resume(tmp_path):
-    class StopAfter:
+    class StopAfter(TrainerCallback):
         def on_step_end(self, trainer):
             if trainer.engine.global_steps == 7:
                 raise KeyboardInterrupt
