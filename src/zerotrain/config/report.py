@@ -155,6 +155,8 @@ def rows(cfg) -> list[tuple[str, str, str]]:
                 auto = cfg.auto_sources.get(path)
                 source = f"auto: the trainer fills it from {TRAINER_FILLS[path]}" \
                     if auto and path in TRAINER_FILLS else "user"
+                if path == "optimizer.params.max_grad_norm":  # loaded only beside gradient_clipping
+                    source = "user, no effect: gradient_clipping clips"
                 out.append((path, show(value), source))
             continue
         out.append((entry.path, show(entry.value), _source(cfg, entry)))

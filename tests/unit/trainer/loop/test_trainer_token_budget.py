@@ -221,7 +221,9 @@ def test_max_grad_norm_in_the_optimizer_params_is_answered_alike_everywhere(tmp_
             answers.append(str(err))
     assert answers == (["accepted"] * 3 if clipping else [refusal] * 3)
     if clipping:
-        assert "optimizer.params.max_grad_norm (gradient_clipping clips)" in resolve(str(path), 1)[2]
+        table, _, notice = resolve(str(path), 1)
+        assert "optimizer.params.max_grad_norm (gradient_clipping clips)" in notice
+        assert ("optimizer.params.max_grad_norm", "1.0", "user, no effect: gradient_clipping clips") in table
 
 
 def test_the_lr_axis_shows_the_whole_schedule():
