@@ -76,7 +76,7 @@ def split_foreign(argv: list[str]) -> tuple[list[str], dict]:
                 value = item.split("=", 1)[1]
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 count = foreign_nargs(name[2:])  # Megatron's --rampup-batch-size takes three
-                taken = [a for a in argv[i + 1 : i + 1 + count]]
+                taken = argv[i + 1 : i + 1 + count]
                 taken = taken[: next((k for k, a in enumerate(taken) if a.startswith("--")), len(taken))]
                 value, i = " ".join(taken), i + len(taken)
             else:

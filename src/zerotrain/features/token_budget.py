@@ -22,16 +22,12 @@ the formula and the decisions at its edges).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..engine.hooks import EngineFeature
 from ..errors import ConfigError
 from ..schedules.token_decay import TokenDecaySchedule
 from .batch import count_tokens
-
-log = logging.getLogger("zerotrain")
 
 
 class TokenBudgetFeature(EngineFeature):
