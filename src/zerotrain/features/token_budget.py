@@ -110,6 +110,13 @@ class TokenBudgetFeature(EngineFeature):
             self.peaks = list(state["peaks"])
         if self.schedule is not None and state.get("lr_schedule"):
             self.schedule.load_state_dict(state["lr_schedule"])
+        elif self.schedule is not None and "lr_steps" in state:
+            # a state that holds only the applied steps: the LR continues from them and the
+            # tokens, with the decay counted from token 0 once any step warmup is over
+            steps = state["lr_steps"]
+            done = steps >= self.cfg.warmup_steps and self.cfg.lr_warmup_tokens is None
+            self.schedule.load_state_dict({"steps": steps, "tokens": self.tokens,
+                                           "warmup_tokens": 0 if done else self.cfg.lr_warmup_tokens})
         if self._engine is not None:
             self._skipped = self._engine.skipped_steps
             if self.schedule is not None and self.peaks:

@@ -217,6 +217,10 @@ def test_loading_restores_the_peaks_and_sets_the_lr_only_when_decaying():
     decaying.on_train_start(engine)
     decaying.load_state_dict(state)
     assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.25 * (1 - 30 / 100))
+    older, engine = TokenBudgetFeature(budget(lr_decay_tokens=100, warmup_steps=2)), fake_engine()
+    older.on_train_start(engine)
+    older.load_state_dict({"tokens": 50, "lr_steps": 3, "peaks": [0.25]})  # applied steps only
+    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.25 * (1 - 50 / 100))
     counting, engine = TokenBudgetFeature(budget()), fake_engine()
     counting.on_train_start(engine)
     counting.load_state_dict({"tokens": 50, "peaks": []})
