@@ -24,6 +24,12 @@ class GatheredModificationError(RuntimeError):
     changes are not kept. A RuntimeError, as DeepSpeed raises for the same mistake."""
 
 
+class NotBuiltError(ImportError):
+    """A DeepSpeed name zerotrain does not provide, met in an import or an attribute look-up.
+    The message names it and the zerotrain way. An ImportError, so `from zerotrain.x import y`
+    shows the message instead of Python's generic "cannot import name"."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or unsafe to load."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Block, no_effect, refused
+from .base import Block, Int, acts, no_effect, refused
 
 
 def is_off(value: Any) -> bool:
@@ -41,17 +41,35 @@ _IGNORED = "DeepSpeed ignores it too"
 _OFF = " or set \"enabled\": false"
 
 
+_NOT_SPLIT = "no model-parallel ranks split the saved inputs; they stay where the block computes"
+
+
+class ActivationCheckpointingConfig(Block):
+    """Settings for zerotrain.checkpointing.checkpoint (helpers/activation_checkpointing.py)."""
+
+    partition_activations: bool = no_effect(False, _NOT_SPLIT)
+    cpu_checkpointing: bool = no_effect(False, _NOT_SPLIT)
+    contiguous_memory_optimization: bool = no_effect(False, "torch.utils.checkpoint keeps no buffers of its own")
+    number_checkpoints: Int | None = no_effect(None, "torch.utils.checkpoint keeps no buffers of its own")
+    synchronize_checkpoint_boundary: bool = acts(False, "Synchronize the accelerator around each checkpointed "
+                                                        "forward.")
+    profile: bool = acts(False, "Log the time of each checkpointed forward.")
+
+
 class DeepSpeedExtras(Block):
+    # ---- acts through zerotrain.checkpointing, configured by initialize
+    activation_checkpointing: ActivationCheckpointingConfig | None = acts(
+        None, "Settings of zerotrain.checkpointing.checkpoint (DeepSpeed's activation checkpointing API); "
+              "initialize configures it from this block.")
     # ---- accepted, no effect
-    activation_checkpointing: Any = no_effect(None, "zerotrain has no deepspeed.checkpointing API for a model to "
-                                                    "call; use gradient checkpointing (torch.utils.checkpoint)")
     aio: Any = no_effect(None, "the NVMe swap does its I/O with its own threads")
     autotuning: Any = no_effect(None, "autotuning is a DeepSpeed launcher feature")
     datastates_ckpt: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     nebula: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     comms_logger: Any = no_effect(None, "collectives are not logged")
     comms_config: Any = no_effect(None, f"collectives are not logged ({_IGNORED})")
-    flops_profiler: Any = no_effect(None, "the flops profiler is not built; wall_clock_breakdown times the steps")
+    flops_profiler: Any = no_effect(None, "the engine does not profile a step; call zerotrain.profiling."
+                                          "flops_profiler.get_model_profile(model, ...)")
     timers: Any = no_effect(None, "wall_clock_breakdown times the steps")
     tensorboard: Any = no_effect(None, _MONITOR)
     wandb: Any = no_effect(None, _MONITOR)
