@@ -12,6 +12,8 @@ import torch
 from .config import load_config, tensor_parallel_size
 from .config.report import notice as config_notice
 from .data import build_dataloader
+from .engine import summary
+from .helpers import activation_checkpointing
 from .comm import Comm, init_parallel
 from .errors import ConfigError
 from .features import build_features
@@ -207,8 +209,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     cfg = load_config(config, world_size=data.world_size)
     _check_same_config(comm, cfg.raw)
     split.check(cfg)
-    if state.rank == 0 and (line := config_notice(cfg)):
-        log.info(line)
+    if state.rank == 0 and (line := config_notice(cfg)) and not summary.should_log():
+        log.info(line)  # otherwise the summary below names these keys
     compute_dtype = _DTYPES["fp16"] if cfg.fp16.enabled else _DTYPES["bf16"] if cfg.bf16.enabled else torch.float32
 
     detach_previous_owners(list(model.parameters()))  # initialize called again on this model
@@ -260,4 +262,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                 features=build_features(cfg), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)
+    if cfg.activation_checkpointing is not None:
+        activation_checkpointing.configure(deepspeed_config=cfg)
+    if state.rank == 0 and summary.should_log():
+        log.info(summary.render(engine))
     return engine, torch_optimizer, loader, scheduler

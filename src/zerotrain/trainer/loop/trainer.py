@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 
 from ...comm import Comm, init_parallel
 from ...engine.checkpointing import writes_shared_files
+from ...engine.summary import told_elsewhere
 from ...errors import ConfigError, DataError, NonFiniteStepsError
 from ...initialize import initialize
 from ...schedules import get_scheduler, resolve_warmup_steps
@@ -195,8 +196,9 @@ class Trainer(SavesAndResumes):
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
         try:
-            self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
-                                              model_parameters=decay_groups(trained, args.weight_decay))
+            with told_elsewhere():  # the banner says what runs
+                self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
+                                                  model_parameters=decay_groups(trained, args.weight_decay))
         except ValueError as e:  # HF-style scheduler argument errors
             if isinstance(e, (ConfigError, DataError)):
                 raise
