@@ -19,9 +19,9 @@ class ModelInterfaceError(TypeError):
     initialize, not at the first step). A TypeError, as calling it would have raised."""
 
 
-class GatheredModificationError(RuntimeError):
+class GatheredModificationWarning(UserWarning):
     """A parameter was changed in place inside GatheredParameters(modifier_rank=None), where
-    changes are not kept. A RuntimeError, as DeepSpeed raises for the same mistake."""
+    changes are not kept: the warning names the parameters whose changes were discarded."""
 
 
 class NotBuiltError(ImportError):

@@ -12,12 +12,13 @@ the way to load pretrained weights into a partitioned model, one tensor at a tim
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from contextlib import contextmanager
 
 import torch
 
-from ...errors import GatheredModificationError
+from ...errors import GatheredModificationWarning
 from .init import full_shape, is_partitioned
 from .schedule import EXTERNAL_ATTR
 
@@ -25,9 +26,12 @@ from .schedule import EXTERNAL_ATTR
 _OWNERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 
 
-def register_owner(params, strategy) -> None:
+def register_owner(params, strategy, module: torch.nn.Module | None = None) -> None:
+    """`module`'s names go on its parameters (`zt_name`), for messages that name them."""
     for p in params:
         _OWNERS[id(p)] = strategy
+    for name, p in module.named_parameters() if module is not None else ():
+        p.zt_name = name
 
 
 def _owner_of(p):
@@ -44,8 +48,9 @@ def _owner_of(p):
 def GatheredParameters(params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
     """`fwd_module` (DeepSpeed's, for registering external parameters) has no effect here:
     uses of parameters outside their module are found automatically. With `modifier_rank`
-    None nothing written inside is kept, so an in-place change there (on any rank) is an
-    error on every rank, raised after the parameters are partitioned again as they were."""
+    None nothing written inside is kept: an in-place change there (on any rank) is discarded
+    when the parameters are partitioned again as they were, and every rank warns
+    (GatheredModificationWarning) naming the parameters changed."""
     params = [params] if torch.is_tensor(params) else list(params)
     building = [p for p in params if enabled and is_partitioned(p)]  # under zero.Init, no engine yet
     by_owner: dict[int, tuple[object, dict[int, list[int]], list]] = {}
@@ -88,10 +93,10 @@ def GatheredParameters(params, modifier_rank: int | None = None, fwd_module=None
                 owner.write_back(own, modifier_rank)
             owner.gatherer.release(plist, force=bool(changed))  # a changed persistent one: from the shards again
         if changed and not failed:
-            raise GatheredModificationError(
-                f"GatheredParameters(modifier_rank=None): in-place modification of {changed} inside the block; "
-                "with modifier_rank=None changes are not kept (the parameters are partitioned again as they "
-                "were); pass modifier_rank=<rank> to give every rank that rank's values")
+            warnings.warn(
+                f"GatheredParameters(modifier_rank=None): the in-place changes to {changed} inside the block are "
+                "discarded (the parameters are partitioned again as they were); pass modifier_rank=<rank> to give "
+                "every rank that rank's values", GatheredModificationWarning, stacklevel=3)
 
 
 @contextmanager
@@ -127,8 +132,9 @@ def _changed_anywhere(comm, params: list, before: list[tuple[int, int]]) -> str:
     hit = flags.nonzero().flatten().tolist()
     if not hit:
         return ""
-    shapes = ", ".join(f"the parameter of shape {tuple(full_shape(params[i]))}" for i in hit[:3])
-    return shapes + (f" and {len(hit) - 3} more" if len(hit) > 3 else "")
+    named = ", ".join(getattr(params[i], "zt_name", None) or f"the parameter of shape {tuple(full_shape(params[i]))}"
+                      for i in hit[:5])
+    return named + (f" and {len(hit) - 5} more" if len(hit) > 5 else "")
 
 
 def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:

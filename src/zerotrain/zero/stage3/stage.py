@@ -87,7 +87,7 @@ class ShardedParameters(ZeroStrategy):
                       if n < persistence_threshold}
         self.gatherer = Gatherer(self.groups, self.stores, comm, persistent, self.device, compute_dtype)
         # from here on a parameter is whole only while in use (its storage is empty otherwise)
-        register_owner(self.where_params(), self)
+        register_owner(self.where_params(), self, module)
         self.schedule = GatherSchedule(module, self.where, self.gatherer, prefetch_numel=prefetch_numel,
                                        reuse_numel=reuse_numel, max_live_numel=max_live_numel)
         for fg in self.groups:
