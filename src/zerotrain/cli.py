@@ -17,6 +17,7 @@ COMMANDS = {
     "merge-lora": ("zerotrain.commands.merge_lora", "fold a LoRA adapter into its base model's weights"),
     "config": ("zerotrain.commands.config", "each key of a DeepSpeed config: the value in force and where it came from"),
     "estimate": ("zerotrain.commands.estimate", "model-state memory per rank for each ZeRO stage and offload choice"),
+    "launch": ("zerotrain.commands.launch", "start a script on N ranks with the `deepspeed` launcher's options"),
     "consolidate": ("zerotrain.commands.consolidate", "write full fp32 weights (safetensors) from a checkpoint of any stage"),
 }
 
