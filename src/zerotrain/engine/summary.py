@@ -67,12 +67,14 @@ def _estimate(engine, cfg, trained: int, world: int, opt_off: str, param_off: st
 
 
 def _training(engine, cfg) -> str:
-    opt = engine.optimizer
-    # the schedule's base LR (torch schedulers keep it as initial_lr), not where warmup starts
-    lrs = sorted({float(g.get("initial_lr", g["lr"])) for g in opt.param_groups}) if opt is not None else []
+    opt, sched = engine.optimizer, engine.lr_scheduler
+    # the LR the schedule rises to or starts from (DeepSpeed's schedules: max_lrs / org_lrs;
+    # torch's: base_lrs), not where a warmup begins
+    peak = next((getattr(sched, name) for name in ("max_lrs", "org_lrs", "base_lrs")
+                 if isinstance(getattr(sched, name, None), list)), None)
+    lrs = sorted(set(map(float, peak))) if peak else sorted({float(g["lr"]) for g in opt.param_groups}) if opt else []
     lr = f" (lr {', '.join(f'{x:g}' for x in lrs)})" if lrs else ""
     optimizer = f"optimizer {type(opt).__name__}{lr}" if opt is not None else "no optimizer"
-    sched = engine.lr_scheduler
     schedule = f"schedule {type(sched).__name__}" if sched is not None else "constant LR"
     return f"  {optimizer} | {schedule} | gradient clipping {cfg.gradient_clipping:g}"
 

@@ -9,7 +9,9 @@ NotBuiltError, an ImportError, whose message is the table's line.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
+import importlib.util
 import sys
 
 from ..errors import NotBuiltError
@@ -79,6 +81,9 @@ def missing(module: str, *, way: str = _WHERE, strict: bool = True):
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         path = f"{below}.{name}" if below else name
         line = refusal(path)
+        package = sys.modules.get(module)
+        if line is None and hasattr(package, "__path__") and importlib.util.find_spec(f"{module}.{name}"):
+            return importlib.import_module(f"{module}.{name}")  # a submodule not imported yet
         if line is None and not strict:
             raise AttributeError(f"{module}.{name}: not in zerotrain; {way}", name=name, obj=sys.modules.get(module))
         raise NotBuiltError(line or f"{module}.{name}: not in zerotrain; {way}", name=name)
