@@ -150,13 +150,19 @@ def _environment(args, slots: list[int] | None) -> dict[str, str]:
     return env
 
 
+def _torchrun() -> str:
+    """torchrun of this Python's environment (the hosts are expected to share it), else the one on PATH."""
+    here = Path(sys.executable).parent / "torchrun"
+    return str(here) if here.exists() else "torchrun"
+
+
 def host_commands(args, pool: dict[str, list[int]]) -> list[str]:
     """The command to start on each host of a multi-node job."""
     master = args.master_addr or next(iter(pool))
     lines = []
     for rank, (host, slots) in enumerate(pool.items()):
         env = " ".join(f"{k}={v}" for k, v in _environment(args, slots).items())
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(pool)), "--node_rank",
+        torchrun = [_torchrun(), "--nnodes", str(len(pool)), "--node_rank",
                     str(rank), "--nproc_per_node", str(len(slots)), "--master_addr", master, "--master_port",
                     str(args.master_port), "-m", "zerotrain.commands.launch_rank", *_rank_args(args)]
         lines.append(f"ssh {host} {shlex.quote(f'cd {shlex.quote(os.getcwd())} && {env} {shlex.join(torchrun)}')}")
