@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Block, Int, acts, no_effect, refused
+from .base import Block, Float, Int, acts, no_effect, refused
 
 
 def is_off(value: Any) -> bool:
@@ -56,11 +56,25 @@ class ActivationCheckpointingConfig(Block):
     profile: bool = acts(False, "Log the time of each checkpointed forward.")
 
 
+class FlopsProfilerConfig(Block):
+    """The profile of one training forward on rank 0 (features/flops_profile.py)."""
+
+    enabled: bool = acts(False, "Profile one training forward: parameters, MACs and FLOPs per module, latency.")
+    recompute_fwd_factor: Float = no_effect(0.0, "the counted forward is reported as it ran")
+    profile_step: Int = acts(1, "The optimizer step (global_steps) whose first forward is profiled.", ge=0)
+    module_depth: Int = acts(-1, "Module depth shown in the profile; -1 shows every depth.", ge=-1)
+    top_modules: Int = acts(1, "Modules shown at each depth, the heaviest first.", ge=1)
+    detailed: bool = acts(True, "Show the per-module lines, not only the totals.")
+    output_file: str | None = acts(None, "Write the profile to this file instead of the log.")
+
+
 class DeepSpeedExtras(Block):
     # ---- acts through zerotrain.checkpointing, configured by initialize
     activation_checkpointing: ActivationCheckpointingConfig | None = acts(
         None, "Settings of zerotrain.checkpointing.checkpoint (DeepSpeed's activation checkpointing API); "
               "initialize configures it from this block.")
+    flops_profiler: FlopsProfilerConfig | None = acts(None, "Profile one training forward on rank 0 (FLOPs, MACs, "
+                                                            "latency per module).")
     # ---- accepted, no effect
     aio: Any = no_effect(None, "the NVMe swap does its I/O with its own threads")
     autotuning: Any = no_effect(None, "autotuning is a DeepSpeed launcher feature")
@@ -68,8 +82,6 @@ class DeepSpeedExtras(Block):
     nebula: Any = no_effect(None, "checkpoints are zerotrain's own (manifest, checksums, any world size)")
     comms_logger: Any = no_effect(None, "collectives are not logged")
     comms_config: Any = no_effect(None, f"collectives are not logged ({_IGNORED})")
-    flops_profiler: Any = no_effect(None, "the engine does not profile a step; call zerotrain.profiling."
-                                          "flops_profiler.get_model_profile(model, ...)")
     timers: Any = no_effect(None, "wall_clock_breakdown times the steps")
     tensorboard: Any = no_effect(None, _MONITOR)
     wandb: Any = no_effect(None, _MONITOR)

@@ -8,7 +8,7 @@ prints (with the task and step count it knows).
       features: none
       model states per process: estimated 1.92 MiB after a step; measured 981.50 KiB (device
         981.50 KiB) now (optimizer state comes with the first step)
-      config keys accepted with no effect in zerotrain (...): flops_profiler
+      config keys accepted with no effect in zerotrain (...): comms_logger
 
 The estimate is zerotrain.estimate_memory for the trained parameters (what `zerotrain
 estimate` prints before a job is launched); the measurement is engine.memory_breakdown().

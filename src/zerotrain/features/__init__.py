@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .auto_cast import AutoCastFeature
 from .curriculum import CurriculumFeature, CurriculumScheduler, scheduler_from_data_efficiency
+from .flops_profile import FlopsProfileFeature
 from .layer_drop import LayerDropFeature, ProgressiveLayerDrop
 from .token_budget import TokenBudgetFeature
 
@@ -42,8 +43,14 @@ def _auto_cast(cfg):
     return AutoCastFeature() if cfg.fp16.enabled and cfg.fp16.auto_cast else None
 
 
-# auto_cast first: the other features then see (and cut) the inputs the model will get
-FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget)
+def _flops_profile(cfg):
+    block = cfg.flops_profiler
+    return FlopsProfileFeature(block) if block is not None and block.enabled else None
+
+
+# auto_cast first: the other features then see (and cut) the inputs the model will get; the
+# profile last, so that it counts the forward as it runs
+FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget, _flops_profile)
 
 
 def build_features(config) -> list:

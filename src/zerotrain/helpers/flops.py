@@ -30,7 +30,9 @@ def _params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _table(model, counts: dict, total: int, depth: int, top_modules: int, latency: float, detailed: bool) -> str:
+def report(model, counts: dict, total: int, depth: int, top_modules: int, latency: float, detailed: bool) -> str:
+    """The totals, then the `top_modules` heaviest modules at each depth up to `depth`, from a
+    FlopCounterMode's per-module counts."""
     root = type(model).__name__
     lines = [f"params {_human(_params(model))} | {_human(total // 2, 'MACs')} | {_human(total, 'FLOPs')} "
              f"| forward latency {latency * 1e3:.2f} ms | {_human(total / max(latency, 1e-12), 'FLOPS')}"]
@@ -88,7 +90,7 @@ def get_model_profile(model: torch.nn.Module, input_shape: tuple | None = None, 
     flops = counter.get_total_flops()
     macs, params = flops // 2, _params(model)
     if print_profile:
-        text = _table(model, counter.get_flop_counts(), flops, module_depth, top_modules, latency, detailed)
+        text = report(model, counter.get_flop_counts(), flops, module_depth, top_modules, latency, detailed)
         if output_file:
             with open(output_file, "w") as f:
                 f.write(text + "\n")

@@ -484,7 +484,7 @@ def test_gradient_allreduce_op_reads_mean_or_sum_in_any_case():
     {"activation_checkpointing": {"partition_activations": True}}, {"aio": {"block_size": 1048576}},
     {"tensorboard": {"enabled": True, "output_path": "x"}}, {"wandb": {"enabled": True}},
     {"csv_monitor": {"enabled": True}}, {"monitor_config": {"enabled": True}}, {"comms_logger": {"enabled": True}},
-    {"flops_profiler": {"enabled": True}}, {"cuda_visible_devices": 0}, {"disable_allgather": True},
+    {"flops_profiler": {"recompute_fwd_factor": 1.0}}, {"cuda_visible_devices": 0}, {"disable_allgather": True},
     {"seq_parallel_communication_data_type": "bf16"}, {"comms_config": {"verbose": False}},
     {"_comment": "why this config"}, {"zero_optimization": {"_note": "x", "contiguous_gradients": False}},
 ])

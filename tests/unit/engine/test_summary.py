@@ -11,7 +11,7 @@ from engine_helpers import mlp
 CONFIG = {"train_batch_size": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
           "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
           "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 3e-4}},
-          "gradient_clipping": 0.5, "flops_profiler": {"enabled": True}}
+          "gradient_clipping": 0.5, "comms_logger": {"enabled": True}}
 
 
 def _messages(caplog) -> list[str]:
@@ -29,7 +29,7 @@ def test_initialize_logs_the_run_once(zerotrain_log):
     assert lines[3] == "  optimizer AdamW (lr 0.0003) | schedule WarmupLR | gradient clipping 0.5"
     assert lines[4] == "  features: none"
     assert lines[5].startswith("  model states per process: estimated ")
-    assert lines[6].startswith("  config keys accepted with no effect") and lines[6].endswith("flops_profiler")
+    assert lines[6].startswith("  config keys accepted with no effect") and lines[6].endswith("comms_logger")
     # the notice is not logged a second time on its own
     assert not any(m.startswith("config keys accepted") for m in _messages(zerotrain_log))
 
