@@ -61,3 +61,43 @@ def test_several_hosts_print_one_torchrun_command_each(tmp_path, capsys):
 def test_refused_launcher_options_name_the_way(capsys):
     assert main(["launch", "--autotuning", "run", "train.py"]) == 2
     assert "zerotrain launch --autotuning: autotuning is not built" in capsys.readouterr().err
+
+
+def _started(monkeypatch, argv) -> dict:
+    """What launch hands to torchrun, without starting it."""
+    import torch
+
+    import zerotrain.comm.launch as launcher
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # ranks as asked, whatever GPUs are here
+    seen = {}
+
+    def run_ranks(module, args, nproc, quiet=False, rendezvous=None):
+        seen.update(module=module, args=args, nproc=nproc, rendezvous=rendezvous)
+        return 0, None
+
+    monkeypatch.setattr(launcher, "run_ranks", run_ranks)
+    for name in ("ZEROTRAIN_LAUNCH_LOCAL_RANK", "ZEROTRAIN_LAUNCH_MODULE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["launch", *argv]) == 0
+    return seen
+
+
+def test_one_node_starts_the_script_through_the_rank_shim(monkeypatch):
+    import os
+
+    seen = _started(monkeypatch, ["--num_gpus", "3", "--no_local_rank", "--master_addr", "10.0.0.1",
+                                  "--master_port", "7000", "train.py", "--lr", "1"])
+    assert seen["module"] == "zerotrain.commands.launch_rank" and seen["nproc"] == 3
+    assert seen["args"] == ["train.py", "--lr", "1"]
+    assert seen["rendezvous"] == ["--nnodes", "1", "--node_rank", "0", "--master_addr", "10.0.0.1",
+                                  "--master_port", "7000"]
+    assert os.environ["ZEROTRAIN_LAUNCH_LOCAL_RANK"] == "0"
+
+
+def test_no_ssh_starts_this_nodes_part_of_the_hostfile(monkeypatch, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("a slots=4\nb slots=2\n")
+    seen = _started(monkeypatch, ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "1", "train.py"])
+    assert seen["nproc"] == 2
+    assert seen["rendezvous"] == ["--nnodes", "2", "--node_rank", "1", "--master_addr", "a", "--master_port", "29500"]
