@@ -97,6 +97,12 @@ class _Accelerator:
 
     get_op_builder = create_op_builder
 
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotBuiltError(f"get_accelerator().{name}: not in zerotrain's {self._name} accelerator; "
+                            "docs/migrating.md lists what it answers", name=name)
+
 
 class CUDA_Accelerator(_Accelerator):
     """torch.cuda, named as DeepSpeed's accelerator names it."""

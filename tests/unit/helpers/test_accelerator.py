@@ -58,3 +58,12 @@ def test_ds_accelerator_picks_the_kind(monkeypatch):
         assert type(get_accelerator()) is CPU_Accelerator
     finally:
         set_accelerator(None)
+
+
+def test_a_call_it_does_not_have_is_one_line():
+    import pytest
+
+    from zerotrain.errors import NotBuiltError
+
+    with pytest.raises(NotBuiltError, match=r"get_accelerator\(\)\.FloatTensor: not in zerotrain's cpu accelerator"):
+        CPU_Accelerator().FloatTensor
