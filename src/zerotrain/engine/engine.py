@@ -53,6 +53,8 @@ class Engine(torch.nn.Module):
         self._grad_norm: float | None = None
         self._timers = Timers(config.wall_clock_breakdown, comm.state.device)
         self._skip_nonfinite = not (config.bf16.enabled and not config.bf16.check_grad_overflow)
+        # The summed loss since the last progress line stays on the loss's device, so a
+        # micro-step never waits for the device; the host reads it only when it logs.
         self._window_loss = torch.zeros((), dtype=torch.float64)
         self._window_micro = 0
         self._window_start = time.perf_counter()
@@ -153,7 +155,7 @@ class Engine(torch.nn.Module):
         with self._timers("backward"):
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
             self.strategy.end_backward()
-        self._window_loss += loss.detach().double().cpu()
+        self._add_to_window(loss.detach())
         self._window_micro += 1
         return loss
 
@@ -168,6 +170,13 @@ class Engine(torch.nn.Module):
         self.micro_steps += 1
         if boundary:
             self._check_skip_limit()  # after the counters, so a checkpoint saved now resumes cleanly
+
+    def _add_to_window(self, loss: torch.Tensor) -> None:
+        window = self._window_loss
+        if window.device != loss.device:  # the first loss after construction: adopt its device
+            dtype = torch.float32 if loss.device.type == "mps" else torch.float64  # MPS has no float64
+            window = self._window_loss = window.to(loss.device, dtype)
+        window += loss.to(window.dtype)
 
     def _boundary_step(self, lr_kwargs: dict) -> None:
         for feature in self.features:

@@ -50,3 +50,32 @@ def test_no_progress_lines_without_steps_per_print(zerotrain_log):
     train_engine(engine, 4, 1)
     assert progress_lines(zerotrain_log) == []
 
+
+
+def test_backward_leaves_the_loss_on_its_device(zerotrain_log, monkeypatch):
+    """A micro-step reads nothing back to the host (on a GPU that read would wait for the
+    device every backward); the window's summed loss is read only by the progress line."""
+    engine, *_ = zerotrain.initialize(model=mlp(), config=config(ga=2, steps_per_print=1))
+    zerotrain_log.clear()
+    reads = []
+    for name in ("item", "cpu", "tolist", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    losses = []
+    for m in range(2):
+        x, y = micro_batch(m)
+        loss = mse(engine, x, y)
+        reads.clear()
+        engine.backward(loss)
+        losses.append(loss.detach())
+        assert reads == [], f"micro-step {m}: backward read {reads} to the host"
+        assert engine._window_loss.dtype == torch.float64 and engine._window_loss.device == loss.device
+        if m == 0:
+            reads.clear()
+            engine.step()  # not a boundary: nothing to read either
+            assert reads == [], f"a micro-step that is no boundary read {reads} to the host"
+    monkeypatch.undo()
+    engine.step()  # the boundary: the progress line reads the window once
+    assert float(engine._window_loss) == 0.0  # read and reset by the progress line
+    found = re.search(r"loss=([0-9.]+)", progress_lines(zerotrain_log)[-1])
+    assert float(found.group(1)) == pytest.approx(float(sum(losses)) / 2, abs=1e-4)
