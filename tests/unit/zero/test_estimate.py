@@ -203,6 +203,19 @@ def test_cli_options(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "fp32, sgd" in out and "2 per node x 2 nodes" in out and "50,000,000" in out
+    rows = [ln.split("  ") for ln in out.splitlines() if ln[:1].isdigit()]
+    rows = [[c.strip() for c in r if c.strip()] for r in rows]
+    stage3 = [r for r in rows if r[0] == "3" and r[1] == "none"][0]
+    # every option reaches the figures: dtype, optimizer and largest layer in ours,
+    # gpus per node in DeepSpeed's (its per-node CPU figure counts 2 ranks a node)
+    ours = estimate_memory(350 * 10**6, 4, 3, dtype="fp32", optimizer="sgd", largest_layer_params=50 * 10**6)
+    assert stage3[2] == human_bytes(total_bytes(ours, "device"))
+    default = estimate_memory(350 * 10**6, 4, 3)
+    assert total_bytes(ours, "device") != total_bytes(default, "device")
+    cpu, gpu = deepspeed_estimate(350 * 10**6, 50 * 10**6, 2, 2, 3, False, False, True)
+    assert stage3[6:] == [human_bytes(gpu), human_bytes(cpu)]
+    assert deepspeed_estimate(350 * 10**6, 50 * 10**6, 4, 1, 3, False, False, True)[0] != cpu
+    assert deepspeed_estimate(350 * 10**6, 0, 2, 2, 3, False, False, True)[1] != gpu
 
 
 @pytest.mark.parametrize("args, message", [

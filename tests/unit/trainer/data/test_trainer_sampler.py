@@ -26,7 +26,11 @@ def test_epochs_and_seeds_change_the_order_and_skip_resumes():
     s = TrainSampler(40, 4, 0, 2, seed=1)
     first = list(s)
     s.set_epoch(1)
-    assert list(s) != first and sorted(list(s)) != []
+    second = list(s)
+    assert second == plan_epoch(None, 40, 4, 2, 1, 1)[0] and second != first
+    other = TrainSampler(40, 4, 1, 2, seed=1)
+    other.set_epoch(1)
+    assert sorted(second + list(other)) == list(range(40))  # the new order still covers every sample once
     assert plan_epoch(None, 40, 4, 2, 1, 0) != plan_epoch(None, 40, 4, 2, 2, 0)
     s.set_epoch(0, skip=8)
     assert list(s) == first[8:]
