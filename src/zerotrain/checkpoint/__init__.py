@@ -1,6 +1,6 @@
 """Checkpoint folders: atomic multi-rank writes, manifests, safe loading."""
 
-from zerotrain.checkpoint.store import (
+from .store import (
     CheckpointWriter,
     list_complete_tags,
     load_file,

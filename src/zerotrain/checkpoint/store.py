@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from zerotrain.errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
 
 from .raw_files import externalize, internalize
 

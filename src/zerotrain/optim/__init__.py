@@ -1,5 +1,5 @@
 """Optimizer construction: config-named optimizers and client-supplied ones."""
 
-from zerotrain.optim.factory import adapt_client_optimizer, build_optimizer
+from .factory import adapt_client_optimizer, build_optimizer
 
 __all__ = ["adapt_client_optimizer", "build_optimizer"]

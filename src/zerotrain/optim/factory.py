@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from zerotrain.errors import ConfigError, did_you_mean
+from ..errors import ConfigError, did_you_mean
 
 from .uncorrected_adam import UncorrectedAdam
 

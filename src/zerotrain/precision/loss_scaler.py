@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from zerotrain.errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
 
 _DYNAMIC_STATE = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis",
                   "overflows_at_floor")

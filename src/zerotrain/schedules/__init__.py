@@ -4,7 +4,7 @@
 thin, stateful wrappers that write those values into an optimizer's param groups.
 """
 
-from zerotrain.schedules.deepspeed import (
+from .deepspeed import (
     LRRangeTest,
     OneCycle,
     WarmupCosineLR,
@@ -12,7 +12,7 @@ from zerotrain.schedules.deepspeed import (
     WarmupLR,
     build_scheduler,
 )
-from zerotrain.schedules.hf import SCHEDULER_TYPES, get_scheduler, resolve_warmup_steps
+from .hf import SCHEDULER_TYPES, get_scheduler, resolve_warmup_steps
 
 __all__ = [
     "SCHEDULER_TYPES",

@@ -17,8 +17,8 @@ import torch
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as torch_sched
 
-from zerotrain.errors import ConfigError, did_you_mean
-from zerotrain.schedules import functional as F
+from ..errors import ConfigError, did_you_mean
+from . import functional as F
 
 _WARMUP_TYPES = ("log", "linear")
 _BETA2 = 0.99  # DeepSpeed's OneCycle forces beta2 to this while cycling momentum

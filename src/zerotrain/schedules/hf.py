@@ -17,8 +17,8 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
-from zerotrain.errors import ConfigError, did_you_mean
-from zerotrain.schedules import functional as F
+from ..errors import ConfigError, did_you_mean
+from . import functional as F
 
 SCHEDULER_TYPES = [
     "linear",
