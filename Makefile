@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup demo test bench mutation clean
+.PHONY: setup demo test bench mutation loss-curves clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ bench: setup
 # The mutation score of the pure modules (tens of minutes; not part of test).
 mutation: setup
 	nice -n 10 $(PY) benchmarks/mutation.py
+
+# Rewrite tests/distributed/loss_curves/*.json after a deliberate change of the arithmetic.
+loss-curves: setup
+	ZEROTRAIN_WRITE_LOSS_CURVES=1 $(PY) -m pytest -q tests/distributed/test_loss_curves.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -40,13 +40,14 @@ def rank_and_world():
 
 
 def train(config: dict, steps: int, global_batch_size: int, poison: dict | None = None,
-          save: tuple | None = None, load: tuple | None = None) -> dict:
+          save: tuple | None = None, load: tuple | None = None, batches=global_batch) -> dict:
     """Run `steps` optimizer steps; each rank takes its slice of the same global batch.
 
     poison = {"step": k, "rank": r, "value": inf}: multiply rank r's loss by value at step k
     (and the following ones up to "until", if given).
     save = (dir, at_step): save a checkpoint after that many steps.
     load = (dir, tag): load before training and continue from the loaded step.
+    batches(step, size): the global batch of a step (default: uniform random tokens).
     """
     rank, world = rank_and_world()
     model = tiny_gpt()
@@ -58,7 +59,7 @@ def train(config: dict, steps: int, global_batch_size: int, poison: dict | None 
     losses, norms, lrs = [], [], []
     while engine.global_steps < steps:
         step = engine.global_steps
-        batch = global_batch(step, global_batch_size)
+        batch = batches(step, global_batch_size)
         mine = batch[rank * micro * ga : (rank + 1) * micro * ga]
         step_loss = 0.0
         for m in range(ga):
