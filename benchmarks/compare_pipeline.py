@@ -169,6 +169,7 @@ def worker(args) -> None:
         engine_lib.init_distributed(dist_backend="gloo")
     else:
         import zerotrain as engine_lib
+        from zerotrain.features.engine_methods import curriculum_seqlen
     import torch.distributed as dist
 
     net = _layers(args.worker, args)
@@ -208,7 +209,7 @@ def worker(args) -> None:
             losses.append(float(loss))
             if args.worker == "zerotrain":
                 busy.append((engine.stage_busy_s, engine.stage_run_s))
-                lengths.append(engine.feature_value("curriculum_seqlen") or args.seq)
+                lengths.append(curriculum_seqlen(engine) or args.seq)
                 new.append(engine._stages.built != built)
     mine_stats = torch.tensor([cz._status_kib("VmHWM"), cz._status_kib("VmHWM") if reset else -1, init_hwm],
                               dtype=torch.int64)

@@ -57,7 +57,9 @@ class Run:
 
     @property
     def tokens(self) -> int:
-        return self.engine.feature_value("tokens_consumed")
+        from zerotrain.features.engine_methods import tokens_consumed
+
+        return tokens_consumed(self.engine)
 
     def step(self, stream: torch.Tensor) -> None:
         x = windows(stream, self.engine.global_steps)

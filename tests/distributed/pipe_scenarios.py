@@ -137,6 +137,7 @@ def config(global_size: int, micro: int, stage: int = 0, curriculum: bool = True
 
 def reference_run(cfg: dict, steps: int) -> dict:
     import zerotrain
+    from zerotrain.features.engine_methods import tokens_consumed
 
     engine, *_ = zerotrain.initialize(model=Reference(), config=cfg)
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
@@ -152,7 +153,7 @@ def reference_run(cfg: dict, steps: int) -> dict:
             total += loss.item() / ga
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
-        tokens.append(engine.feature_value("tokens_consumed"))
+        tokens.append(tokens_consumed(engine))
     state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
     return {"losses": losses, "norms": norms, "params": state, "tokens": tokens}
 
@@ -162,6 +163,7 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
     """Train `steps` optimizer steps (continuing from `load`); save = (dir, after_step);
     loader: every step's pairs handed over once with set_dataloader, train_batch() reads them."""
     import zerotrain
+    from zerotrain.features.engine_methods import curriculum_seqlen, tokens_consumed
     from zerotrain.pipe import PipelineModule
 
     net = PipelineModule(layer_specs(poison), num_stages=num_stages, loss_fn=gpt_loss, seed_layers=True,
@@ -186,8 +188,8 @@ def pipeline_run(cfg: dict, steps: int, num_stages: int = 2, save: tuple | None 
         losses.append((engine.train_batch() if loader else engine.train_batch(iter(pairs(step)))).item())
         norms.append(engine.get_global_grad_norm())
         skipped.append(engine.skipped_steps)
-        seqlens.append(engine.feature_value("curriculum_seqlen"))
-        tokens.append(engine.feature_value("tokens_consumed"))
+        seqlens.append(curriculum_seqlen(engine))
+        tokens.append(tokens_consumed(engine))
         armed.append(engine._armed)  # buckets went out during the last micro-batch's backward
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])

@@ -16,6 +16,7 @@ from megatron_lr import golden_lrs
 from scenarios import global_batch, rank_and_world
 from test_stage0 import assert_params_close
 from zerotrain.models import GPT, GPTConfig
+from zerotrain.features.engine_methods import tokens_consumed
 
 SEQ, VOCAB, BATCH = 16, 64, 4
 # lengths 8, 8, 8, then 16: 3 x 32 + 5 x 64 tokens = 8 optimizer steps
@@ -58,7 +59,7 @@ def train_with_features(config: dict) -> dict:
             engine.step()
             forwards += 1
         thetas.append(engine.get_pld_theta())
-        tokens.append(engine.feature_value("tokens_consumed"))
+        tokens.append(tokens_consumed(engine))
         lrs.append(engine.get_lr()[0])
     params = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
     return {"params": params, "thetas": thetas, "tokens": tokens, "lrs": lrs,

@@ -71,6 +71,7 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
     """Train to `steps` optimizer steps on this world (one process: the reference); save =
     (dir, after_step); poison = (rank, step): that rank's loss is multiplied by inf there."""
     import zerotrain
+    from zerotrain.features.engine_methods import curriculum_seqlen, tokens_consumed
 
     net = MODELS[model]()
     engine, *_ = zerotrain.initialize(model=net, config=cfg)
@@ -95,7 +96,7 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
             total += loss.item() / ga
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
-        tokens.append(engine.feature_value("tokens_consumed"))
+        tokens.append(tokens_consumed(engine))
         skipped.append(engine.skipped_steps)
         if save is not None and engine.global_steps == save[1]:
             engine.save_checkpoint(save[0])
@@ -122,7 +123,7 @@ def train(cfg: dict, steps: int, model: str = "gpt", save: tuple | None = None, 
             probe = engine(input_ids=global_batch(99, 2)).logits
     return {"losses": losses, "norms": norms, "tokens": tokens, "skipped": skipped, "params": whole, "vocab": vocab,
             "saved": saved if save is not None else None, "probe_logits": probe,
-            "seqlen": engine.feature_value("curriculum_seqlen"), "data": data.rank, "data_world": data.world_size}
+            "seqlen": curriculum_seqlen(engine), "data": data.rank, "data_world": data.world_size}
 
 
 def bad_input(case: str) -> None:

@@ -124,14 +124,10 @@ class Engine(torch.nn.Module):
     def eval(self):
         return self.train(False)
 
-    # ---- what features know (asked by key, so this file names no feature) ----------------
-    def feature_value(self, key: str):
-        """The first non-None answer of a feature to `key`, else None."""
-        for feature in self.features:
-            value = feature.value(key)
-            if value is not None:
-                return value
-        return None
+    # ---- the features (found by their type, so this file names none) ---------------------
+    def feature(self, kind: type):
+        """The engine's feature that is a `kind` (an EngineFeature subclass), else None."""
+        return next((f for f in self.features if isinstance(f, kind)), None)
 
     def should_stop(self) -> bool:
         """True once any feature says training is done (a budget is spent, say)."""

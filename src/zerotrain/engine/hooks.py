@@ -29,10 +29,6 @@ class EngineFeature:
         """True once the feature wants training to end (a token budget is spent)."""
         return False
 
-    def value(self, key: str):
-        """Answer a named query from the engine (e.g. "pld_theta"); None when not this feature's."""
-        return None
-
     def log_fields(self, engine) -> dict:
         """Name -> number (int or float) the feature reports: the engine's steps_per_print line
         shows them (floats to 4 decimals), and the trainer logs them as they are, to its progress

@@ -14,11 +14,6 @@ from collections.abc import Mapping
 import torch
 
 
-def is_hf_model(module) -> bool:
-    """A transformers model, recognised without importing transformers."""
-    return any(cls.__name__ == "PreTrainedModel" for cls in type(module).__mro__)
-
-
 def _tensors(values):
     for v in values:
         if torch.is_tensor(v):

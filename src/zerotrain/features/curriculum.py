@@ -15,14 +15,14 @@ that name the key instead of asserts.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping
 
 from ..engine.hooks import EngineFeature
 from ..errors import ConfigError, DataError, did_you_mean
-from .batch import cut_sequences, find_sequence, is_hf_model
+from .batch import cut_sequences, find_sequence
+from .model_api import forward_accepts, is_hf_model
 
 log = logging.getLogger("zerotrain")
 
@@ -171,13 +171,10 @@ class CurriculumScheduler:
 
 # ---- the engine feature ---------------------------------------------------------------------
 def _declares(module, name: str) -> tuple[bool, bool]:
-    """(names `name` explicitly, takes **kwargs) for module.forward."""
-    try:
-        params = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return False, True
-    named = name in params and params[name].kind is not inspect.Parameter.VAR_POSITIONAL
-    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    """(names `name` explicitly, takes **kwargs) for module.forward; an unreadable forward is
+    taken to accept keywords."""
+    accepts = forward_accepts(module)
+    return name in accepts.names, accepts.any_keyword or not accepts.readable
 
 
 class CurriculumFeature(EngineFeature):
@@ -223,12 +220,9 @@ class CurriculumFeature(EngineFeature):
                             "pass input_ids (or a 2-D token tensor first)")
         return cut_sequences(args, kwargs, seq.shape[1], difficulty)
 
-    def value(self, key: str):
-        if key == "curriculum_scheduler":
-            return self.scheduler
-        if key == "curriculum_seqlen" and self.seqlen:
-            return self.scheduler.get_current_difficulty()
-        return None
+    def current_seqlen(self) -> int | None:
+        """The sequence length of the current step; None for another curriculum_type."""
+        return self.scheduler.get_current_difficulty() if self.seqlen else None
 
     def log_fields(self, engine) -> dict:
         return {"seqlen" if self.seqlen else "difficulty": self.scheduler.get_current_difficulty()}

@@ -29,7 +29,6 @@ block list of an HF model into one and takes those two arguments off its forward
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 
@@ -39,7 +38,7 @@ from torch import nn
 
 from ..engine.hooks import EngineFeature
 from ..errors import ModelInterfaceError
-from .batch import is_hf_model
+from .model_api import forward_accepts, is_hf_model
 
 log = logging.getLogger("zerotrain")
 
@@ -185,11 +184,7 @@ def takes_pld_kwargs(model: nn.Module) -> bool:
     """True when the model's forward consumes the PLD kwargs itself or through `wrap`."""
     if any(isinstance(h, _TakePLDKwargs) for h in model._forward_pre_hooks.values()):
         return True
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    return all(k in params for k in PLD_KWARGS)
+    return len(forward_accepts(model).named(PLD_KWARGS)) == len(PLD_KWARGS)
 
 
 def find(model: nn.Module) -> list[LayerDrop]:
@@ -251,13 +246,6 @@ class ProgressiveLayerDrop:
         self.current_theta = pld_theta(global_step, self.theta, self.gamma)
 
 
-def _signature(module):
-    try:
-        return inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return None
-
-
 class LayerDropFeature(EngineFeature):
     """Checks the model at initialize, feeds theta to the forward and the step to the blocks."""
 
@@ -270,8 +258,8 @@ class LayerDropFeature(EngineFeature):
     def on_train_start(self, engine) -> None:
         module = engine.module
         if not takes_pld_kwargs(module):
-            params = _signature(module)
-            var_kw = params is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+            accepts = forward_accepts(module)
+            var_kw = accepts.any_keyword or not accepts.readable
             if is_hf_model(module):
                 # HF forwards take **kwargs but ignore unknown keys: PLD would silently do nothing
                 blocks = wrap(module)
@@ -295,9 +283,6 @@ class LayerDropFeature(EngineFeature):
 
     def on_boundary(self, engine) -> None:
         self.pld.update_state(engine.global_steps)
-
-    def value(self, key: str):
-        return self.pld.get_theta() if key == "pld_theta" else None
 
     def log_fields(self, engine) -> dict:
         return {"pld_theta": self.pld.get_theta()}

@@ -88,13 +88,6 @@ class TokenBudgetFeature(EngineFeature):
     def should_stop(self, engine) -> bool:
         return self.cfg.train_tokens is not None and self.tokens >= self.cfg.train_tokens
 
-    def value(self, key: str):
-        if key == "tokens_consumed":
-            return self.tokens
-        if key == "token_budget":  # what a report says of the budget: the config block
-            return self.cfg
-        return None
-
     def log_fields(self, engine) -> dict:
         return {"tokens": self.tokens}
 

@@ -31,6 +31,7 @@ class PipelineMicroBatches:
 
     def run(self, batch: dict) -> None:
         from ..features.batch import count_tokens
+        from ..features.engine_methods import curriculum_seqlen
         from .data.collate import mask_tokens
         from .loop.step import forward_inputs
 
@@ -45,7 +46,7 @@ class PipelineMicroBatches:
         pairs, self.piped = self.piped, []
         self.sums[0] += engine.train_batch(iter(pairs)).item() * ga
         if engine.is_first_stage() and not engine.input_replica:  # a tensor rank > 0 reads the same batches
-            cut = {"curriculum_seqlen": engine.feature_value("curriculum_seqlen")}
+            cut = {"curriculum_seqlen": curriculum_seqlen(engine)}
             self.sums[2] += sum(count_tokens((x[0] if isinstance(x, tuple) else x,), cut) for x, _ in pairs)
 
     def take(self) -> torch.Tensor:

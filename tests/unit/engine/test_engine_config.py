@@ -12,6 +12,8 @@ from engine_helpers import SEQ, VOCAB, config, mlp, tiny_gpt
 
 import zerotrain
 from zerotrain.errors import ConfigError
+from zerotrain.features.curriculum import CurriculumFeature
+from zerotrain.features.engine_methods import curriculum_seqlen
 
 
 def test_stage2_defaults_are_the_values_in_force():
@@ -128,10 +130,10 @@ def test_curriculum_type_other_than_seqlen_moves_the_schedule_only(kind):
     for _ in range(3):
         engine.backward(engine(torch.ones(2, SEQ, dtype=torch.long)))
         engine.step()
-    scheduler = engine.feature_value("curriculum_scheduler")
+    scheduler = engine.feature(CurriculumFeature).scheduler
     assert scheduler.get_current_difficulty() == 12  # the schedule moved in both cases (3/4 of 2 -> 16)
     assert model.lengths == ([4, 8, 12] if kind == "seqlen" else [SEQ] * 3)
-    assert (engine.feature_value("curriculum_seqlen") is None) is (kind != "seqlen")
+    assert (curriculum_seqlen(engine) is None) is (kind != "seqlen")
 
 
 def test_initialize_reads_hjson_and_refuses_duplicates(tmp_path):

@@ -12,6 +12,8 @@ from feature_models import (SEQ, VOCAB, Recorder, config, linear_curriculum, run
                             start, tiny_gpt, tokens, zerotrain_log)
 from zerotrain import CurriculumScheduler
 from zerotrain.errors import ConfigError
+from zerotrain.features.curriculum import CurriculumFeature
+from zerotrain.features.engine_methods import curriculum_seqlen
 from zerotrain.features.curriculum import fixed_discrete_difficulty, fixed_root_difficulty
 
 
@@ -174,7 +176,7 @@ def test_eval_mode_is_left_alone():
     engine.eval()
     engine(torch.ones(2, 8))
     assert model.calls[-1]["curriculum_seqlen"] is None and model.calls[-1]["shape"] == (2, 8)
-    assert engine.feature_value("curriculum_scheduler").get_current_difficulty() == 2  # not touched
+    assert engine.feature(CurriculumFeature).scheduler.get_current_difficulty() == 2  # not touched
     engine.train()
     engine(torch.ones(2, 8))
     assert model.calls[-1]["curriculum_seqlen"] == 2
@@ -412,7 +414,7 @@ def test_both_forms_at_once_says_keep_one_and_other_curriculum_types_move_withou
     run_steps(engine, 2, batch=lambda s: torch.ones(1, 4))
     assert [c["curriculum_seqlen"] for c in model.calls] == [None, None] and [c["shape"] for c in model.calls] == [(1, 4)] * 2
     feature = next(f for f in engine.features if f.name == "curriculum_learning")
-    assert feature.log_fields(engine) == {"difficulty": 4} and feature.value("curriculum_seqlen") is None
+    assert feature.log_fields(engine) == {"difficulty": 4} and feature.current_seqlen() is None
 
 
 def test_the_engine_log_says_how_the_curriculum_acts(zerotrain_log):
@@ -455,8 +457,9 @@ def test_the_feature_reports_the_sequence_length_it_passes():
     engine = start(Recorder(), config(micro=1, curriculum_learning=linear_curriculum(2, 8, 4, 2)))
     run_steps(engine, 2, batch=lambda s: torch.ones(1, 4))
     feature = next(f for f in engine.features if f.name == "curriculum_learning")
-    assert feature.value("curriculum_seqlen") == 4 == engine.feature_value("curriculum_seqlen")
-    assert feature.log_fields(engine) == {"seqlen": 4} and feature.value("pld_theta") is None
+    assert feature.current_seqlen() == 4 == curriculum_seqlen(engine)
+    assert feature.log_fields(engine) == {"seqlen": 4} and engine.get_pld_theta() is None
+    assert engine.feature(CurriculumFeature) is feature
 
 
 def test_a_forward_without_a_readable_signature_is_passed_the_kwarg():

@@ -18,6 +18,7 @@ from feature_models import (SEQ, VOCAB, Recorder, config, linear_curriculum, run
                             start, tiny_gpt, tokens, zerotrain_log)
 from zerotrain import ProgressiveLayerDrop, layerdrop
 from zerotrain.errors import ModelInterfaceError
+from zerotrain.features.engine_methods import curriculum_seqlen, tokens_consumed
 from zerotrain.models import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
 
@@ -282,11 +283,11 @@ def test_pld_and_curriculum_survive_a_resume(tmp_path):
     engine = start(tiny_gpt(n_layer=4), cfg)
     run_steps(engine, 4)
     engine.save_checkpoint(tmp_path)
-    theta, seqlen = engine.get_pld_theta(), engine.feature_value("curriculum_seqlen")
+    theta, seqlen = engine.get_pld_theta(), curriculum_seqlen(engine)
     losses = run_steps(engine, 5)
     resumed = start(tiny_gpt(seed=1, n_layer=4), cfg)
     resumed.load_checkpoint(tmp_path)
-    assert (resumed.get_pld_theta(), resumed.feature_value("curriculum_seqlen")) == (theta, seqlen)
+    assert (resumed.get_pld_theta(), curriculum_seqlen(resumed)) == (theta, seqlen)
     assert run_steps(resumed, 5) == losses  # same masks, same lengths: bit-identical
 
 
@@ -432,7 +433,8 @@ class _AnyKwargs(nn.Module):
 def test_a_forward_with_var_kwargs_is_accepted_and_the_feature_reports_theta():
     engine = start(_AnyKwargs(), config(progressive_layer_drop=pld(0.5, 0.01)))
     feature = next(f for f in engine.features if isinstance(f, LayerDropFeature))
-    assert feature.value("pld_theta") == 1.0 and feature.value("tokens_consumed") is None
+    assert feature.pld.get_theta() == 1.0 == engine.get_pld_theta()
+    assert engine.feature(LayerDropFeature) is feature and tokens_consumed(engine) is None
     assert feature.log_fields(engine) == {"pld_theta": 1.0}
     with pytest.raises(ModelInterfaceError, match=r"^progressive_layer_drop is enabled but Sequential.forward cannot "
                                                   r"take the keyword arguments progressive_layer_drop and pld_theta "

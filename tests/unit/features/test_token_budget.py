@@ -11,6 +11,7 @@ import zerotrain
 from feature_models import (SEQ, Recorder, config, linear_curriculum, run_steps, single_process,  # noqa: F401
                             start, tiny_gpt)
 from zerotrain.errors import ConfigError
+from zerotrain.features.engine_methods import tokens_consumed
 
 
 # ---- counting and stopping -----------------------------------------------------------------------
@@ -18,7 +19,7 @@ def train_until_stop(engine, limit=100) -> list[int]:
     seen = []
     while not engine.should_stop() and engine.global_steps < limit:
         run_steps(engine, 1)
-        seen.append(engine.feature_value("tokens_consumed"))
+        seen.append(tokens_consumed(engine))
     return seen
 
 
@@ -45,7 +46,7 @@ def test_tokens_follow_curriculum_seqlen_passed_to_the_model():
     run_steps(engine, 3)
     assert [c["curriculum_seqlen"] for c in model.calls] == [4, 8, 12]
     assert all(c["shape"] == (2, SEQ) for c in model.calls)  # the model cuts, not the engine
-    assert engine.feature_value("tokens_consumed") == 2 * (4 + 8 + 12)
+    assert tokens_consumed(engine) == 2 * (4 + 8 + 12)
 
 
 def test_eval_forwards_are_not_counted():
@@ -55,7 +56,7 @@ def test_eval_forwards_are_not_counted():
         engine(torch.zeros(2, SEQ, dtype=torch.long))
     engine.train()
     run_steps(engine, 1)
-    assert engine.feature_value("tokens_consumed") == 2 * SEQ
+    assert tokens_consumed(engine) == 2 * SEQ
 
 
 # ---- LR by tokens, through initialize ----------------------------------------------------------
@@ -78,7 +79,7 @@ def lr_run(budget: dict, lengths=LENGTHS, skip=(), ga=2, lr=1e-2):
             lrs.append(engine.get_lr()[0])
             step_tokens.append(pending)
             pending = 0
-    assert engine.feature_value("tokens_consumed") == sum(step_tokens)
+    assert tokens_consumed(engine) == sum(step_tokens)
     assert engine.skipped_steps == len(skip)
     return lrs, step_tokens
 
@@ -129,14 +130,14 @@ def test_budget_and_lr_survive_a_resume(tmp_path):
     golden = golden_lrs([32] * 10, max_lr=1e-2, min_lr=0.0, decay_tokens=9 * 32, style="cosine", warmup_steps=2)
     resumed = start(tiny_gpt(seed=1), cfg)
     resumed.load_checkpoint(tmp_path)
-    assert resumed.feature_value("tokens_consumed") == 128
+    assert tokens_consumed(resumed) == 128
     assert resumed.get_lr()[0] == pytest.approx(golden[4], rel=1e-12)  # warmup's tokens (32) came back too
     resumed_lrs = []
     for _ in range(6):
         resumed_losses = run_steps(resumed, 1)
         resumed_lrs.append(resumed.get_lr()[0])
     assert resumed_lrs == lrs == pytest.approx(golden[5:], rel=1e-12) and resumed_losses == losses
-    assert resumed.should_stop() and resumed.feature_value("tokens_consumed") == 320
+    assert resumed.should_stop() and tokens_consumed(resumed) == 320
 
 
 def test_the_token_tensor_is_found_in_any_batch_shape():
@@ -192,7 +193,6 @@ def test_tokens_are_summed_over_ranks_exactly_beyond_float32():
     feature._pending = 2**24 + 1  # float32 would round this to 2**24
     feature.after_step(engine)
     assert feature.tokens == 2 * (2**24 + 1)
-    assert feature.value("tokens_consumed") == feature.tokens and feature.value("pld_theta") is None
     assert feature.log_fields(engine) == {"tokens": feature.tokens}
 
 

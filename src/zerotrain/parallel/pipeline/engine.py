@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ...features.engine_methods import TrainingEngine
+from ...features.engine_methods import TrainingEngine, curriculum_seqlen
 from ...errors import ConfigError
 from ..topology import Grid
 from .data import RepeatingLoader, StepData, agree, read_pairs, stack_step
@@ -175,7 +175,7 @@ class PipelineEngine(TrainingEngine):
                 for feature in self.features:
                     args, kw = feature.before_forward(self, args, kw)
                 kwargs = kw
-        cut_to = kwargs.get("curriculum_seqlen") if self.module.cuts_batch else None
+        cut_to = curriculum_seqlen(self) if train and self.module.cuts_batch else None  # eval: whole
         data = StepData(problem=problem)
         if reads and problem is None:
             data = stack_step(pairs, cut_to, self._holds_first, self._holds_last)

@@ -10,12 +10,12 @@ So no rank ever holds the whole model: only the layers of its own stages are con
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 from torch import nn
 
 from ...errors import ConfigError
+from ...features.model_api import forward_accepts
 
 
 class LayerSpec:
@@ -70,8 +70,4 @@ def forward_of(layer):
 
 def declared_kwargs(layer, names: tuple[str, ...]) -> tuple[str, ...]:
     """Those of `names` that the layer's forward names explicitly."""
-    try:
-        params = inspect.signature(forward_of(layer)).parameters
-    except (TypeError, ValueError):
-        return ()
-    return tuple(n for n in names if n in params and params[n].kind is not inspect.Parameter.VAR_POSITIONAL)
+    return forward_accepts(forward_of(layer)).named(names)

@@ -12,7 +12,6 @@ every number called "tokens" uses: `zerotrain.features.batch.count_tokens`.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...features.batch import count_tokens
+from ...features.model_api import forward_accepts, is_hf_model
 from ..data.collate import mask_tokens
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids")
@@ -28,12 +28,9 @@ BATCH_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "positi
 def forward_keys(model: nn.Module) -> set[str] | frozenset:
     """Batch keys the model's forward accepts (HF models take all of ours), and use_cache when
     it names that."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    named = {name for name in params if name in (*BATCH_KEYS, "use_cache")}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and hasattr(model, "config"):
+    accepts = forward_accepts(model)
+    named = set(accepts.named((*BATCH_KEYS, "use_cache")))
+    if accepts.any_keyword and is_hf_model(model):
         return frozenset(named | set(BATCH_KEYS))
     return named
 

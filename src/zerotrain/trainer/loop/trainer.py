@@ -41,6 +41,8 @@ from ...comm import Comm, init_parallel
 from ...engine.checkpointing import writes_shared_files
 from ...engine.summary import told_elsewhere
 from ...errors import ConfigError, DataError, NonFiniteStepsError
+from ...features.engine_methods import token_budget_block, tokens_consumed
+from ...features.model_api import is_hf_model
 from ...initialize import initialize
 from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
@@ -87,7 +89,7 @@ class Trainer(SavesAndResumes):
         self.plan = plan = self._plan(args, train_dataset)
         self.args = args = plan.options
         self.model, self.tokenizer = model, tokenizer
-        self.info = model_info or ModelInfo("hf" if hasattr(model, "save_pretrained") else "custom",
+        self.info = model_info or ModelInfo("hf" if is_hf_model(model) else "custom",
                                             plan.model_options.task, None, None, {})
         self.task = task = self.info.task
         self.lora_config = self.info.lora_config
@@ -290,7 +292,7 @@ class Trainer(SavesAndResumes):
                 stats = torch.cat([self.micro_batches.take(), torch.tensor([self.stop.weight()], dtype=torch.float64)])
                 self.comm.all_reduce(stats)  # one small collective per optimizer step, the stop request with it
                 window += stats[:3]
-                counted = engine.feature_value("tokens_consumed")  # the engine's count, when it keeps one
+                counted = tokens_consumed(engine)  # the engine's count, when it keeps one
                 self.tokens = counted if counted is not None else self.tokens + int(stats[2])
                 if self.unused is not None:
                     self.unused.check(engine.global_steps)
@@ -317,7 +319,7 @@ class Trainer(SavesAndResumes):
                     break
             if self.micro_in_epoch >= self.micro_per_epoch:
                 self.epoch, self.micro_in_epoch = self.epoch + 1, 0
-        line = stop_line(self.tokens, engine.feature_value("token_budget"), engine.global_steps, self.total_steps)
+        line = stop_line(self.tokens, token_budget_block(engine), engine.global_steps, self.total_steps)
         if line and self.rank0:
             print(line, flush=True)
         if args.save_strategy != "no" and self.last_saved != engine.global_steps:

@@ -8,6 +8,7 @@ from trainer_helpers import Capture, options, run
 
 import zerotrain.features as features
 from zerotrain.engine.hooks import EngineFeature
+from zerotrain.features.engine_methods import tokens_consumed
 from zerotrain.trainer.loop import step as step_module
 from zerotrain.trainer.loop import trainer as trainer_module
 from zerotrain.trainer.report.tensorboard import read_scalars
@@ -21,7 +22,7 @@ class Tokens(TrainerCallback):
         self.pairs = []
 
     def on_step_end(self, trainer):
-        self.pairs.append((trainer.tokens, trainer.engine.feature_value("tokens_consumed")))
+        self.pairs.append((trainer.tokens, tokens_consumed(trainer.engine)))
 
 
 def test_tokens_are_positions_after_the_curriculum_cut_and_the_budget_agrees(tmp_path):
