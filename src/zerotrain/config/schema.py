@@ -19,13 +19,13 @@ from pydantic import AliasChoices, PrivateAttr, field_validator, model_validator
 
 # the loader imports these from here too
 from .base import Block, FieldProblem, Float, Int, Number, _no_bool, acts, no_effect, refused, spellings, valid_keys  # noqa: F401
+from .curriculum import check_schedule
 from .data_efficiency import DataEfficiencyConfig, ScheduleConfig
 from .extras import DeepSpeedExtras, is_off
 from ..parallel.pipeline.config import PipelineConfig
 from ..parallel.tensor.config import TensorParallelConfig
 from .zero import ZeroConfig
 
-SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
 _MASTERS = "zerotrain keeps fp32 master weights and gradients"
 _DTYPE_NAMES = {"fp32": ("fp32", "float32", "float", "torch.float32"), "fp16": ("fp16", "float16", "half", "torch.float16"),
                 "bf16": ("bf16", "bfloat16", "torch.bfloat16")}
@@ -108,11 +108,7 @@ class CurriculumConfig(Block):
             return self
         if self.curriculum_type is None:
             raise FieldProblem("curriculum_type", 'is missing: add "curriculum_type": "seqlen"')
-        for key in ("min_difficulty", "max_difficulty", "schedule_type"):
-            if getattr(self, key) is None:
-                raise FieldProblem(key, "is missing: needed when curriculum learning is enabled")
-        if self.schedule_type not in SCHEDULE_TYPES:
-            raise FieldProblem("schedule_type", f"should be one of {', '.join(SCHEDULE_TYPES)}, got {self.schedule_type!r}")
+        check_schedule(self.model_dump(exclude_none=True))  # the rules CurriculumScheduler runs too
         return self
 
 

@@ -20,17 +20,13 @@ import math
 from collections.abc import Callable, Mapping
 
 from ..engine.hooks import EngineFeature
-from ..errors import ConfigError, DataError, did_you_mean
+from ..config.base import FieldProblem
+from ..config.curriculum import SCHEDULE_KEYS, SEQLEN_METRICS, check_schedule, located
+from ..errors import ConfigError, DataError
 from .batch import cut_sequences, find_sequence
 from .model_api import forward_accepts, is_hf_model
 
 log = logging.getLogger("zerotrain")
-
-SCHEDULES = ("fixed_linear", "fixed_root", "fixed_discrete", "custom")
-_TOP_KEYS = ("enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
-_NEEDS = {"fixed_linear": ("total_curriculum_step", "difficulty_step"),
-          "fixed_root": ("total_curriculum_step", "difficulty_step", "root_degree"),
-          "fixed_discrete": ("difficulty", "max_step"), "custom": ()}
 
 
 # ---- the pure schedules ---------------------------------------------------------------------
@@ -71,56 +67,18 @@ class CurriculumScheduler:
             config = config.model_dump(exclude_none=True)
         if not isinstance(config, Mapping):
             raise ConfigError(f"{name}: should be a JSON object, got {type(config).__name__}")
-        for key in config:
-            if key not in _TOP_KEYS:
-                raise ConfigError(f"{name}.{key}: unknown key{did_you_mean(key, _TOP_KEYS)}")
-        for key in ("min_difficulty", "max_difficulty", "schedule_type"):
-            if key not in config:
-                raise ConfigError(f"{name}.{key} is missing")
-        kind = config["schedule_type"]
-        if kind not in SCHEDULES:
-            raise ConfigError(f"{name}.schedule_type: should be one of {', '.join(SCHEDULES)}, got {kind!r}"
-                              f"{did_you_mean(str(kind), SCHEDULES)}")
-        lo, hi = config["min_difficulty"], config["max_difficulty"]
-        for key, value in (("min_difficulty", lo), ("max_difficulty", hi)):
-            if not _is_int(value):
-                raise ConfigError(f"{name}.{key}: should be an integer, got {value!r}")
+        try:
+            check_schedule(config)  # the typed config's rules, so a block passes or fails alike
+        except FieldProblem as problem:
+            raise ConfigError(located(name, problem)) from None
+        lo, hi, kind = config["min_difficulty"], config["max_difficulty"], config["schedule_type"]
         schedule = dict(config.get("schedule_config") or {})
-        self._check_schedule(name, kind, lo, hi, schedule)
+        if kind in ("fixed_linear", "fixed_root") and schedule["difficulty_step"] % 8 != 0:
+            log.warning("%s.schedule_config.difficulty_step %d is not a multiple of 8: tensor cores prefer "
+                        "multiples of 8", name, schedule["difficulty_step"])
         self.state = {"min_difficulty": lo, "max_difficulty": hi, "current_difficulty": lo,
                       "schedule_type": kind, "schedule_config": schedule}
         self.custom_get_difficulty: Callable[[int], int] | None = None
-
-    @staticmethod
-    def _check_schedule(name: str, kind: str, lo: int, hi: int, schedule: dict) -> None:
-        where = f"{name}.schedule_config"
-        needs = _NEEDS[kind]
-        for key in schedule:
-            if key not in needs:
-                hint = did_you_mean(key, needs) if needs else f" (schedule_type {kind} takes no schedule_config)"
-                raise ConfigError(f"{where}.{key}: unknown key for schedule_type {kind}{hint}")
-        for key in needs:
-            if key not in schedule:
-                raise ConfigError(f"{where}.{key} is missing: schedule_type {kind} needs {', '.join(needs)}")
-        if kind == "fixed_discrete":
-            levels, bounds = schedule["difficulty"], schedule["max_step"]
-            for key, values in (("difficulty", levels), ("max_step", bounds)):
-                if not isinstance(values, list) or not values or not all(_is_int(v) for v in values):
-                    raise ConfigError(f"{where}.{key}: should be a non-empty list of integers, got {values!r}")
-            if len(levels) != len(bounds) + 1:
-                raise ConfigError(f"{where}.max_step: needs one entry fewer than difficulty "
-                                  f"({len(levels)} levels need {len(levels) - 1} boundaries), got {len(bounds)}")
-            if any(b >= c for b, c in zip(bounds, bounds[1:])):
-                raise ConfigError(f"{where}.max_step: should be strictly increasing, got {bounds}")
-        elif kind in ("fixed_linear", "fixed_root"):
-            for key in needs:
-                if not _is_int(schedule[key]) or schedule[key] <= 0:
-                    raise ConfigError(f"{where}.{key}: should be a positive integer, got {schedule[key]!r}")
-            if lo > hi:
-                raise ConfigError(f"{name}.min_difficulty: {lo} is above max_difficulty {hi}")
-            if schedule["difficulty_step"] % 8 != 0:
-                log.warning("%s.difficulty_step %d is not a multiple of 8: tensor cores prefer multiples of 8",
-                            where, schedule["difficulty_step"])
 
     # ---- DeepSpeed's API ----------------------------------------------------------------
     def get_current_difficulty(self) -> int:
@@ -235,7 +193,6 @@ class CurriculumFeature(EngineFeature):
 
 
 # ---- the data_efficiency form ---------------------------------------------------------------
-SEQLEN_METRICS = ("seqlen", "seqlen_truncate")
 
 
 def scheduler_from_data_efficiency(block) -> CurriculumScheduler:
@@ -253,6 +210,5 @@ def scheduler_from_data_efficiency(block) -> CurriculumScheduler:
     if spec.difficulty_type == "percentile":
         raise ConfigError(f"{where}.{metric}.difficulty_type: percentile is not supported for a sequence-length "
                           "curriculum; use value")
-    keys = ("min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
-    legacy = {k: v for k, v in spec.model_dump(exclude_none=True).items() if k in keys}
+    legacy = {k: v for k, v in spec.model_dump(exclude_none=True).items() if k in SCHEDULE_KEYS}
     return CurriculumScheduler(legacy, name=f"{where}.{metric}")

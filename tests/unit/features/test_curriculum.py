@@ -317,7 +317,7 @@ def _linear(**over):
             **over}
 
 
-@pytest.mark.parametrize("block,message", [
+REFUSALS = [
     (3, "curriculum_learning: should be a JSON object, got int"),
     ({**_B, "schedule_type": "fixed_lin"}, "curriculum_learning.schedule_type: should be one of fixed_linear, "
                                            "fixed_root, fixed_discrete, custom, got 'fixed_lin', did you mean fixed_linear?"),
@@ -350,7 +350,10 @@ def _linear(**over):
                                                                "root_degree": 0}},
      "curriculum_learning.schedule_config.root_degree: should be a positive integer, got 0"),
     (_linear(min_difficulty=64, max_difficulty=8), "curriculum_learning.min_difficulty: 64 is above max_difficulty 8"),
-])
+]
+
+
+@pytest.mark.parametrize("block,message", REFUSALS)
 def test_each_refusal_says_what_is_wrong_in_full(block, message):
     with pytest.raises(ConfigError) as info:
         CurriculumScheduler(block)
@@ -472,3 +475,20 @@ def test_a_forward_without_a_readable_signature_is_passed_the_kwarg():
     feature = CurriculumFeature(sched(total_curriculum_step=8, difficulty_step=8))
     feature.on_train_start(SimpleNamespace(module=model, comm=SimpleNamespace(rank=1)))
     assert feature.pass_kwarg is True
+
+
+# where the config's types speak first: pydantic coerces "8" and 64.0 to integers, reads lists
+# and refuses keys ScheduleConfig does not have, each in its own words
+TYPED_FIRST = ("unknown key", "should be an integer", "integers, got [1.5]", "integers, got '8'")
+
+
+@pytest.mark.parametrize("block,message", [(b, m) for b, m in REFUSALS
+                                           if isinstance(b, dict) and not any(t in m for t in TYPED_FIRST)])
+def test_the_typed_config_refuses_the_same_blocks_in_the_same_words(block, message):
+    """One set of rules (config/curriculum.py) for the config file and the scheduler built by hand."""
+    from zerotrain.config import load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config({"train_batch_size": 1, "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen",
+                                                                    **block}})
+    assert str(info.value) == message
