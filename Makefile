@@ -27,7 +27,7 @@ bench: setup
 
 # The mutation score of the pure modules (tens of minutes; not part of test).
 mutation: setup
-	nice -n 10 $(PY) benchmarks/mutation.py
+	nice -n 10 $(PY) harness/mutation.py
 
 # Rewrite tests/distributed/loss_curves/*.json after a deliberate change of the arithmetic.
 loss-curves: setup

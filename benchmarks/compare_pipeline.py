@@ -40,7 +40,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import compare_zero as cz  # noqa: E402  (its venv, process and RSS helpers)
+import common  # noqa: E402  (paths, process and RSS helpers)
+import compare_zero as cz  # noqa: E402  (DeepSpeed's venv)
 
 TIME_TARGET, RSS_TARGET = 0.9, 1.0
 THEORY = {"1f1b": 1, "gpipe": 1, "interleaved_1f1b": 2, "looped_bfs": 2, "interleaved_zero_bubble": 2}
@@ -57,7 +58,7 @@ def _layers(framework: str, args):
 
     if framework == "deepspeed" and "zerotrain" not in sys.modules:
         pkg = types.ModuleType("zerotrain")  # zerotrain's model files only, not its engine
-        pkg.__path__ = [str(Path(os.environ.get("COMPARE_ZERO_SRC", cz.SRC)) / "zerotrain")]
+        pkg.__path__ = [str(Path(os.environ.get("COMPARE_ZERO_SRC", common.SRC)) / "zerotrain")]
         sys.modules["zerotrain"] = pkg
     from zerotrain.models.block import PreLNBlock
 
@@ -145,7 +146,7 @@ def floor_worker(args) -> None:
         if step >= args.warmup:
             times.append(spent[0].item())
             cpu.append(spent[1].item())
-    peak = torch.tensor([cz._status_kib("VmHWM")], dtype=torch.int64)
+    peak = torch.tensor([common.status_kib("VmHWM")], dtype=torch.int64)
     peaks = [torch.zeros_like(peak) for _ in range(dist.get_world_size())]
     dist.all_gather(peaks, peak)
     if dist.get_rank() == 0:
@@ -189,8 +190,8 @@ def worker(args) -> None:
         config["pipeline"] = {"schedule": args.schedule, "virtual_stages": virtual}
     params = [p for p in net.parameters() if p.requires_grad]
     engine, *_ = engine_lib.initialize(model=net, model_parameters=params, config=config)
-    init_s, init_hwm = time.perf_counter() - t_init, cz._status_kib("VmHWM")
-    reset = cz._reset_peak_rss()
+    init_s, init_hwm = time.perf_counter() - t_init, common.status_kib("VmHWM")
+    reset = common.reset_peak_rss()
     d = engine.grid.get_data_parallel_id()
     times, cpu, losses, busy, lengths, new = [], [], [], [], [], []
     for step in range(args.warmup + args.steps):
@@ -211,7 +212,7 @@ def worker(args) -> None:
                 busy.append((engine.stage_busy_s, engine.stage_run_s))
                 lengths.append(curriculum_seqlen(engine) or args.seq)
                 new.append(engine._stages.built != built)
-    mine_stats = torch.tensor([cz._status_kib("VmHWM"), cz._status_kib("VmHWM") if reset else -1, init_hwm],
+    mine_stats = torch.tensor([common.status_kib("VmHWM"), common.status_kib("VmHWM") if reset else -1, init_hwm],
                               dtype=torch.int64)
     stats = [torch.zeros_like(mine_stats) for _ in range(world)]
     dist.all_gather(stats, mine_stats)
@@ -235,16 +236,16 @@ def worker(args) -> None:
 
 def run_job(python: Path, name: str, framework: str, args, log_dir: Path, src: Path, curriculum: int = 0,
             schedule: str = "1f1b") -> dict | None:
-    res = cz.launch_worker(python, __file__, 4, framework,
+    res = common.launch_worker(python, __file__, 4, framework,
                            ["--worker", framework, "--steps", args.steps, "--warmup", args.warmup,
-                            "--micro", args.micro, "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab,
-                            "--embd", args.embd, "--layers", args.layers, "--heads", args.heads, "--lr", args.lr,
-                            "--curriculum", curriculum, "--schedule", schedule], log_dir, src, name, timeout=3600)
+                               "--micro", args.micro, "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab,
+                               "--embd", args.embd, "--layers", args.layers, "--heads", args.heads, "--lr", args.lr,
+                               "--curriculum", curriculum, "--schedule", schedule], log_dir, src, name, timeout=3600)
     if res is None:
         return None
     last = f", last loss {res['losses'][-1]:.5f}" if res["losses"] else ""
-    cz._say(f"  {name:22s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
-            f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank{last}")
+    common.say(f"  {name:22s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
+               f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank{last}")
     return res
 
 
@@ -358,8 +359,8 @@ def main() -> int:
     if not args.skip_deepspeed:
         ds_py = cz.ensure_deepspeed()
         if ds_py is not None and cz.warm_deepspeed(ds_py):
-            ds_state = cz._run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
-                                     env=cz._venv_env(cz.DS_VENV)).stdout.strip().splitlines()[-1]
+            ds_state = common.run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
+                                        env=common.venv_env(common.DS_VENV)).stdout.strip().splitlines()[-1]
         else:
             ds_py, ds_state = None, "unavailable"
     here = Path(sys.executable)
@@ -374,10 +375,10 @@ def main() -> int:
         src = Path(tmp) / "src"
         import shutil
 
-        shutil.copytree(cz.SRC, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        cz._say(f"zerotrain: {cz._describe(cz.SRC)}")
+        shutil.copytree(common.SRC, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        common.say(f"zerotrain: {common.describe(common.SRC)}")
         for rnd in range(args.rounds):
-            cz._say(f"round {rnd + 1}/{args.rounds}")
+            common.say(f"round {rnd + 1}/{args.rounds}")
             for name, framework, py, curriculum, schedule in (jobs if rnd % 2 == 0 else jobs[1::-1] + jobs[2:]):
                 if curriculum and rnd:
                     continue  # one curriculum run is enough: it reports per length, not a median

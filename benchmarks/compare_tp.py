@@ -29,7 +29,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import compare_zero as cz  # noqa: E402  (its venv, process and RSS helpers)
+import common  # noqa: E402  (paths, process and RSS helpers)
+import compare_zero as cz  # noqa: E402  (DeepSpeed's venv)
 
 TIME_TARGET = 0.9
 
@@ -67,7 +68,7 @@ def worker(args) -> None:
               "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01, "torch_adam": True}},
               "tensor_parallel": {"autotp_size": 2}}
     engine, *_ = engine_lib.initialize(model=net, model_parameters=[p for p in net.parameters()], config=config)
-    reset = cz._reset_peak_rss()
+    reset = common.reset_peak_rss()
     times, cpu, losses = [], [], []
     for step in range(args.warmup + args.steps):
         g = torch.Generator().manual_seed(1000 + step)
@@ -88,7 +89,7 @@ def worker(args) -> None:
             times.append(spent[0].item())
             cpu.append(spent[1].item())
             losses.append(total)
-    mine = torch.tensor([cz._status_kib("VmHWM") if reset else -1], dtype=torch.int64)
+    mine = torch.tensor([common.status_kib("VmHWM") if reset else -1], dtype=torch.int64)
     stats = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(stats, mine)
     if dist.get_rank() == 0:
@@ -107,29 +108,29 @@ def ensure_transformers(py: Path) -> bool:
     """DeepSpeed's venv gets the transformers this one has (the same model code on both sides)."""
     import transformers
 
-    env = cz._venv_env(cz.DS_VENV)
-    probe = cz._run_quiet([py, "-c", "import transformers; print(transformers.__version__)"], env=env)
+    env = common.venv_env(common.DS_VENV)
+    probe = common.run_quiet([py, "-c", "import transformers; print(transformers.__version__)"], env=env)
     if probe.returncode == 0 and probe.stdout.strip() == transformers.__version__:
         return True
     import torch
 
-    r = cz._run_quiet([py, "-m", "pip", "install", "-q", f"transformers=={transformers.__version__}",
-                       f"torch=={torch.__version__}"], env=env, timeout=1200)
+    r = common.run_quiet([py, "-m", "pip", "install", "-q", f"transformers=={transformers.__version__}",
+                         f"torch=={torch.__version__}"], env=env, timeout=1200)
     if r.returncode != 0:
-        cz._say("DeepSpeed venv: could not install transformers:\n" + (r.stdout + r.stderr)[-1500:])
+        common.say("DeepSpeed venv: could not install transformers:\n" + (r.stdout + r.stderr)[-1500:])
     return r.returncode == 0
 
 
 def run_job(python: Path, name: str, args, log_dir: Path, src: Path) -> dict | None:
-    res = cz.launch_worker(python, __file__, 2, name,
+    res = common.launch_worker(python, __file__, 2, name,
                            ["--worker", name, "--steps", args.steps, "--warmup", args.warmup, "--micro", args.micro,
-                            "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab, "--hidden", args.hidden,
-                            "--inner", args.inner, "--layers", args.layers, "--heads", args.heads,
-                            "--kv_heads", args.kv_heads, "--lr", args.lr], log_dir, src, name, timeout=3600)
+                               "--accum", args.accum, "--seq", args.seq, "--vocab", args.vocab, "--hidden", args.hidden,
+                               "--inner", args.inner, "--layers", args.layers, "--heads", args.heads,
+                               "--kv_heads", args.kv_heads, "--lr", args.lr], log_dir, src, name, timeout=3600)
     if res is None:
         return None
-    cz._say(f"  {name:10s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
-            f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank, last loss {res['losses'][-1]:.5f}")
+    common.say(f"  {name:10s} median {1000 * statistics.median(res['times']):8.1f} ms/step, peak RSS "
+               f"{max(res['peak_kib']) / 1024:6.0f} MiB/rank, last loss {res['losses'][-1]:.5f}")
     return res
 
 
@@ -190,14 +191,14 @@ def main() -> int:
     parser.add_argument("--kv_heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--skip-deepspeed", action="store_true")
-    parser.add_argument("--ds-venv", default=str(cz.DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
+    parser.add_argument("--ds-venv", default=str(common.DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
-    cz.DS_VENV = Path(args.ds_venv)
+    common.DS_VENV = Path(args.ds_venv)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.steps = args.steps or (3 if args.quick else 6)
     t0 = time.perf_counter()
@@ -205,8 +206,8 @@ def main() -> int:
     if not args.skip_deepspeed:
         ds_py = cz.ensure_deepspeed()
         if ds_py is not None and ensure_transformers(ds_py) and cz.warm_deepspeed(ds_py):
-            ds_state = cz._run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
-                                     env=cz._venv_env(cz.DS_VENV)).stdout.strip().splitlines()[-1]
+            ds_state = common.run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
+                                        env=common.venv_env(common.DS_VENV)).stdout.strip().splitlines()[-1]
         else:
             ds_py, ds_state = None, "unavailable"
     jobs = [("zerotrain", Path(sys.executable))] + ([("deepspeed", ds_py)] if ds_py is not None else [])
@@ -215,10 +216,10 @@ def main() -> int:
         src = Path(tmp) / "src"
         import shutil
 
-        shutil.copytree(cz.SRC, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        cz._say(f"zerotrain: {cz._describe(cz.SRC)}")
+        shutil.copytree(common.SRC, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        common.say(f"zerotrain: {common.describe(common.SRC)}")
         for rnd in range(args.rounds):
-            cz._say(f"round {rnd + 1}/{args.rounds}")
+            common.say(f"round {rnd + 1}/{args.rounds}")
             for name, py in (jobs if rnd % 2 == 0 else jobs[::-1]):
                 res = run_job(py, name, args, Path(tmp), src)
                 if res is not None:

@@ -44,20 +44,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-SRC = REPO / "src"
-DS_VENV = HERE / ".ds-venv"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import (REPO, SRC, describe, import_gpt, launch_worker, reset_peak_rss, run_quiet,  # noqa: E402
+                    say, status_kib, venv_env)
 
 # step-time and peak-RSS targets for zerotrain / DeepSpeed; at stage
 # 0 the step time is judged against torch's DDP instead, the floor there: at most 2% slower
@@ -71,36 +69,6 @@ TORCH_NAME = {0: "DDP", 3: "FSDP2"}  # as the table names them
 # ============================================================================================
 # worker: one (framework, stage) on every rank of a torchrun job
 # ============================================================================================
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
-
-
-def _reset_peak_rss() -> bool:
-    """Linux: writing 5 to clear_refs resets VmHWM to the current RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _import_gpt(framework: str):
-    """zerotrain's GPT. The DeepSpeed venv has no zerotrain installed: there the model files
-    are loaded from src/ under a bare package, without running zerotrain/__init__.py (which
-    would import the engine into DeepSpeed's process and count against its memory)."""
-    if framework == "deepspeed" and "zerotrain" not in sys.modules:
-        pkg = types.ModuleType("zerotrain")
-        pkg.__path__ = [str(Path(os.environ.get("COMPARE_ZERO_SRC", SRC)) / "zerotrain")]
-        sys.modules["zerotrain"] = pkg
-    from zerotrain.models import GPT, GPTConfig
-    return GPT, GPTConfig
-
 
 def shared_config(args, stage: int) -> dict:
     """The one config both engines read."""
@@ -121,7 +89,7 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     framework, stage = args.worker, args.stage
-    GPT, GPTConfig = _import_gpt(framework)
+    GPT, GPTConfig = import_gpt(framework)
     t_init = time.perf_counter()
 
     if framework == "deepspeed":
@@ -190,8 +158,8 @@ def worker(args) -> None:
     else:
         raise SystemExit(f"unknown framework {framework}")
     init_s = time.perf_counter() - t_init
-    init_hwm = _status_kib("VmHWM")
-    reset = _reset_peak_rss()
+    init_hwm = status_kib("VmHWM")
+    reset = reset_peak_rss()
 
     def batch(i: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(1000 + i * world + rank)
@@ -214,8 +182,8 @@ def worker(args) -> None:
             times.append(spent[0].item())
             cpu.append(spent[1].item())
 
-    mine = torch.tensor([_status_kib("VmHWM"), _status_kib("VmHWM") if reset else -1, init_hwm,
-                         _status_kib("VmRSS")], dtype=torch.int64)
+    mine = torch.tensor([status_kib("VmHWM"), status_kib("VmHWM") if reset else -1, init_hwm,
+                         status_kib("VmRSS")], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
     if rank == 0:
@@ -234,23 +202,6 @@ def worker(args) -> None:
 # parent: DeepSpeed's venv, the job schedule, the table
 # ============================================================================================
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _run_quiet(cmd: list, env=None, timeout=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _venv_env(venv_prefix: Path) -> dict:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["TORCH_EXTENSIONS_DIR"] = str(venv_prefix / "torch_extensions")  # one per venv
-    env["DS_ACCELERATOR"] = "cpu"
-    env.pop("RANK", None)
-    return env
-
-
 def _short(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
@@ -260,20 +211,20 @@ def ensure_deepspeed(reinstall: bool = False) -> Path | None:
     printed) where that is not possible."""
     import torch
 
-    py = DS_VENV / "bin" / "python"
+    py = common.DS_VENV / "bin" / "python"
     probe = "import deepspeed, numpy, torch; print(deepspeed.__version__, torch.__version__)"
-    env = _venv_env(DS_VENV)
+    env = venv_env(common.DS_VENV)
     if py.exists() and not reinstall:
-        r = _run_quiet([py, "-c", probe], env=env)
+        r = run_quiet([py, "-c", probe], env=env)
         if r.returncode == 0:
             return py
     # The very torch this script runs on (e.g. "2.13.0+cpu"): with its local label the pin can
     # only match that build, so pip can never swap in a multi-GB CUDA one.
     torch_pin = f"torch=={torch.__version__}"
-    _say(f"DeepSpeed: installing into {_short(DS_VENV)} ({torch_pin}, then deepspeed "
-         "with DS_BUILD_OPS=0); cached for later runs")
+    say(f"DeepSpeed: installing into {_short(common.DS_VENV)} ({torch_pin}, then deepspeed "
+        "with DS_BUILD_OPS=0); cached for later runs")
     start = time.perf_counter()
-    steps = [[sys.executable, "-m", "venv", "--clear", DS_VENV]]
+    steps = [[sys.executable, "-m", "venv", "--clear", common.DS_VENV]]
     constraints = Path(tempfile.mkstemp(suffix=".txt")[1])
     constraints.write_text(torch_pin + "\n")
     pip = [py, "-m", "pip", "install", "-q", "-c", constraints]
@@ -282,21 +233,21 @@ def ensure_deepspeed(reinstall: bool = False) -> Path | None:
     env["DS_BUILD_OPS"] = "0"
     try:
         for cmd in steps:
-            r = _run_quiet(cmd, env=env, timeout=1200)
+            r = run_quiet(cmd, env=env, timeout=1200)
             if r.returncode != 0:
                 tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
-                _say(f"DeepSpeed: could not install ({' '.join(map(str, cmd[:6]))} ... failed):\n{tail}")
+                say(f"DeepSpeed: could not install ({' '.join(map(str, cmd[:6]))} ... failed):\n{tail}")
                 return None
-        r = _run_quiet([py, "-c", probe], env=env)
+        r = run_quiet([py, "-c", probe], env=env)
         if r.returncode != 0:
-            _say(f"DeepSpeed: installed but does not import:\n{r.stderr.strip()[-2000:]}")
+            say(f"DeepSpeed: installed but does not import:\n{r.stderr.strip()[-2000:]}")
             return None
     except (OSError, subprocess.TimeoutExpired) as e:
-        _say(f"DeepSpeed: could not install ({e})")
+        say(f"DeepSpeed: could not install ({e})")
         return None
     finally:
         constraints.unlink(missing_ok=True)
-    _say(f"DeepSpeed: {r.stdout.strip()} installed in {time.perf_counter() - start:.0f} s")
+    say(f"DeepSpeed: {r.stdout.strip()} installed in {time.perf_counter() - start:.0f} s")
     return py
 
 
@@ -305,54 +256,13 @@ def warm_deepspeed(py: Path) -> bool:
     no job's first step or init waits for the compiler."""
     start = time.perf_counter()
     code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    r = _run_quiet([py, "-c", code], env=_venv_env(DS_VENV), timeout=900)
+    r = run_quiet([py, "-c", code], env=venv_env(common.DS_VENV), timeout=900)
     if r.returncode != 0:
-        _say(f"DeepSpeed: building its shared-memory comm op failed:\n{(r.stdout + r.stderr)[-2000:]}")
+        say(f"DeepSpeed: building its shared-memory comm op failed:\n{(r.stdout + r.stderr)[-2000:]}")
         return False
-    _say(f"DeepSpeed: shared-memory comm op ready ({time.perf_counter() - start:.0f} s, "
-         f"TORCH_EXTENSIONS_DIR={_short(DS_VENV)}/torch_extensions)")
+    say(f"DeepSpeed: shared-memory comm op ready ({time.perf_counter() - start:.0f} s, "
+        f"TORCH_EXTENSIONS_DIR={_short(common.DS_VENV)}/torch_extensions)")
     return True
-
-
-def _describe(src: Path) -> str:
-    """The commit the source tree is at, and whether it has uncommitted changes."""
-    r = _run_quiet(["git", "-C", src, "describe", "--always", "--dirty"])
-    where = r.stdout.strip() if r.returncode == 0 else "not a git checkout"
-    return f"source {src} (git {where}), copied for this run"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_worker(python: Path, script: str, nproc: int, framework: str, worker_args: list, log_dir: Path,
-                  src: Path, label: str, timeout: int = 1800) -> dict | None:
-    """One torchrun job of `script --worker ... --out FILE` in the framework's venv (zerotrain's
-    jobs run the `src` snapshot): the JSON it wrote, with wall_s added; None, and the first
-    rank's traceback printed, when it failed. compare_tp and compare_pipeline launch through it."""
-    out = log_dir / f"{label.replace(' ', '-').replace(':', '-')}-{time.monotonic_ns()}.json"
-    cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_port", _free_port(),
-           script, *worker_args, "--out", out]
-    env = _venv_env(DS_VENV if framework == "deepspeed" else Path(sys.prefix))
-    env["COMPARE_ZERO_SRC"] = str(src)
-    if framework != "deepspeed":  # ahead of the editable install: every job runs the same snapshot
-        env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
-    start = time.perf_counter()
-    r = _run_quiet(cmd, env=env, timeout=timeout)
-    if r.returncode != 0 or not out.exists():
-        text = r.stdout + r.stderr
-        at = text.find("Traceback")  # the first rank's own traceback, not torchrun's summary
-        lines = text[at:].splitlines()[:40] if at >= 0 else text.strip().splitlines()[-25:]
-        tail = "\n".join(lines)
-        _say(f"  {label}: FAILED (exit {r.returncode}); its output:\n{tail}")
-        return None
-    res = json.loads(out.read_text())
-    res["wall_s"] = time.perf_counter() - start
-    return res
 
 
 def run_job(python: Path, framework: str, stage: int, args, log_dir: Path, src: Path) -> dict | None:
@@ -363,9 +273,9 @@ def run_job(python: Path, framework: str, stage: int, args, log_dir: Path, src: 
                         log_dir, src, f"{framework} stage {stage}")
     if res is None:
         return None
-    _say(f"  {framework:9s} stage {stage}: median {1000 * statistics.median(res['times']):7.1f} ms/step, "
-         f"peak RSS {max(res['peak_kib']) / 1024:6.0f} MiB/rank, final loss {res['losses'][-1]:.5f} "
-         f"({res['wall_s']:.0f} s)")
+    say(f"  {framework:9s} stage {stage}: median {1000 * statistics.median(res['times']):7.1f} ms/step, "
+        f"peak RSS {max(res['peak_kib']) / 1024:6.0f} MiB/rank, final loss {res['losses'][-1]:.5f} "
+        f"({res['wall_s']:.0f} s)")
     return res
 
 
@@ -526,7 +436,6 @@ def report(results: dict, stages: list[int], args, ds_state: str) -> bool:
 
 
 def main() -> int:
-    global DS_VENV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one round of few steps: a smoke test")
     parser.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages (default 0,1,2,3)")
@@ -534,7 +443,7 @@ def main() -> int:
     parser.add_argument("--skip-torch", "--skip-fsdp2", dest="skip_torch", action="store_true",
                         help="no torch reference jobs (DDP at stage 0, FSDP2 at stage 3)")
     parser.add_argument("--reinstall-deepspeed", action="store_true", help="rebuild DeepSpeed's venv")
-    parser.add_argument("--ds-venv", default=str(DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
+    parser.add_argument("--ds-venv", default=str(common.DS_VENV), help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per job (default 5, quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per job (default 2, quick 1)")
@@ -559,7 +468,7 @@ def main() -> int:
         worker(args)
         return 0
 
-    DS_VENV = Path(args.ds_venv).resolve()
+    common.DS_VENV = Path(args.ds_venv).resolve()
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.steps = args.steps or (3 if args.quick else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -575,11 +484,11 @@ def main() -> int:
             ds_py = None
         if ds_py is None:
             ds_state = "could not be installed or started: zerotrain and FSDP2 only"
-            _say("DeepSpeed is unavailable: running the zerotrain and FSDP2 part alone.")
+            say("DeepSpeed is unavailable: running the zerotrain and FSDP2 part alone.")
         else:
-            ver = _run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
-                             env=_venv_env(DS_VENV)).stdout.strip().splitlines()[-1]
-            ds_state = f"{ver} (venv {_short(DS_VENV)}, torch_adam)"
+            ver = run_quiet([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
+                            env=venv_env(common.DS_VENV)).stdout.strip().splitlines()[-1]
+            ds_state = f"{ver} (venv {_short(common.DS_VENV)}, torch_adam)"
 
     jobs = []
     for s in stages:
@@ -595,9 +504,9 @@ def main() -> int:
         # two versions of zerotrain into one table.
         src = log_dir / "src"
         shutil.copytree(Path(args.src).resolve(), src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        _say(f"zerotrain: {_describe(Path(args.src).resolve())}")
+        say(f"zerotrain: {describe(Path(args.src).resolve())}")
         for rnd in range(args.rounds):
-            _say(f"round {rnd + 1}/{args.rounds}")
+            say(f"round {rnd + 1}/{args.rounds}")
             # alternate which framework goes first at each stage, so neither always follows the other
             order = jobs if rnd % 2 == 0 else [j for s in stages for j in reversed([j for j in jobs if j[1] == s])]
             for framework, stage, py in order:

@@ -40,18 +40,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import status_kib  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 GIB = 1 << 30
 RSS_TARGET_GIB = 3  # the target: peak RSS per rank of the nvme, resume and trainer jobs
 
 
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
 
 
 def model_config(args) -> dict:
@@ -89,7 +86,7 @@ def worker(args) -> None:
     if args.load:
         engine.load_checkpoint(args.load)
         start = engine.global_steps
-    init = {"s": time.perf_counter() - t0, "hwm_kib": _kib("VmHWM")}
+    init = {"s": time.perf_counter() - t0, "hwm_kib": status_kib("VmHWM")}
     if rank == 0:
         print(f"  initialized in {init['s']:.1f} s, VmHWM {init['hwm_kib'] / (1 << 20):.2f} GiB", flush=True)
     losses, times = [], []
@@ -105,13 +102,13 @@ def worker(args) -> None:
         losses.append(mean.item() / world)
         times.append(time.perf_counter() - t)
         if rank == 0:
-            print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {_kib('VmHWM') / (1 << 20):.2f} GiB",
+            print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {status_kib('VmHWM') / (1 << 20):.2f} GiB",
                   flush=True)
         if args.save and engine.global_steps == args.save_at:
             engine.save_checkpoint(args.save)
             if args.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
-    hwm = _kib("VmHWM")
+    hwm = status_kib("VmHWM")
     sums = {}
     if args.sums:  # after VmHWM is read: each weight gathered alone, summed in float64
         for name, p in engine.module.named_parameters():

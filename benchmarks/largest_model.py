@@ -63,6 +63,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (paths, processes, memory)
+from common import say  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 GIB = 1 << 30
@@ -129,10 +133,10 @@ def build(args):
     """(step function, parameter count, finaliser) for this rank's framework."""
     import torch
 
-    from compare_zero import _import_gpt
+    from common import import_gpt
 
     framework = args.worker
-    GPT, GPTConfig = _import_gpt("deepspeed" if framework == "deepspeed-nvme" else "zerotrain")
+    GPT, GPTConfig = import_gpt("deepspeed" if framework == "deepspeed-nvme" else "zerotrain")
     cfg = GPTConfig(**model_config(args))
     torch.manual_seed(0)
     if framework == "ddp":
@@ -192,7 +196,7 @@ def worker(args) -> None:
     start_watchdog(int(args.budget_gib * GIB), Path(args.out + f".over{os.environ.get('RANK', '')}"))
     import torch
 
-    from compare_zero import _status_kib
+    from common import status_kib
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -200,7 +204,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    init_s, init_hwm = time.perf_counter() - t0, _status_kib("VmHWM")
+    init_s, init_hwm = time.perf_counter() - t0, status_kib("VmHWM")
     steps = []
     for i in range(args.steps):
         g = torch.Generator().manual_seed(1000 + i * world + rank)
@@ -215,7 +219,7 @@ def worker(args) -> None:
         dist.all_gather(got, stats)
         steps.append({"s": max(s[0].item() for s in got), "read": sum(s[1].item() for s in got),
                       "write": sum(s[2].item() for s in got), "loss": sum(s[3].item() for s in got) / world})
-    mine = torch.tensor([_status_kib("VmHWM"), init_hwm], dtype=torch.int64)
+    mine = torch.tensor([status_kib("VmHWM"), init_hwm], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
     if rank == 0:
@@ -230,10 +234,6 @@ def worker(args) -> None:
 # ============================================================================================
 # parent: the disk's figures, DeepSpeed's ops, the search, the table
 # ============================================================================================
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
 
 def mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -289,24 +289,23 @@ def warm_deepspeed(py: Path, nvme: Path) -> bool:
         return False
     start = time.perf_counter()
     try:
-        r = compare_zero._run_quiet([py, "-c", WARM_DS, nvme], env=compare_zero._venv_env(compare_zero.DS_VENV),
+        r = common.run_quiet([py, "-c", WARM_DS, nvme], env=common.venv_env(common.DS_VENV),
                                     timeout=3600)
     except subprocess.TimeoutExpired:
-        _say("DeepSpeed: building its async_io/cpu_adam ops took over an hour; an interrupted build leaves a "
-             f"`lock` file that later builds wait on forever: remove {compare_zero.DS_VENV}/torch_extensions/*/lock")
+        say("DeepSpeed: building its async_io/cpu_adam ops took over an hour; an interrupted build leaves a "
+            f"`lock` file that later builds wait on forever: remove {common.DS_VENV}/torch_extensions/*/lock")
         return False
     if r.returncode != 0 or "aio ok" not in r.stdout:
-        _say(f"DeepSpeed: building or checking its async_io op failed:\n{(r.stdout + r.stderr)[-3000:]}")
+        say(f"DeepSpeed: building or checking its async_io op failed:\n{(r.stdout + r.stderr)[-3000:]}")
         return False
-    _say(f"DeepSpeed: async_io and cpu_adam ops built, an aio write/read checked in {nvme} "
-         f"({time.perf_counter() - start:.0f} s)")
+    say(f"DeepSpeed: async_io and cpu_adam ops built, an aio write/read checked in {nvme} "
+        f"({time.perf_counter() - start:.0f} s)")
     return True
 
 
 def probe(framework: str, layers: int, args, ctx: dict) -> dict:
     """One torchrun job; {"fits": bool, "why": str, ...the worker's results}."""
-    import compare_zero
-    from jobs import kill_job
+    from common import kill_job
 
     tag = f"{framework}-L{layers}-{time.monotonic_ns()}"
     out, log = ctx["work"] / f"{tag}.json", ctx["work"] / f"{tag}.log"
@@ -316,11 +315,11 @@ def probe(framework: str, layers: int, args, ctx: dict) -> dict:
     if framework in NVME:
         nvme.mkdir()
     cmd = [py, "-m", "torch.distributed.run", "--nproc_per_node", args.nproc, "--master_port",
-           compare_zero._free_port(), __file__, "--worker", framework, "--out", out, "--layers", layers,
+           common.free_port(), __file__, "--worker", framework, "--out", out, "--layers", layers,
            "--embd", args.embd, "--heads", args.heads, "--vocab", args.vocab, "--seq", args.seq,
            "--steps", args.steps, "--budget-gib", args.budget_gib, "--nvme-path", nvme,
            "--sub-group-size", args.sub_group_size]
-    env = compare_zero._venv_env(compare_zero.DS_VENV if deepspeed else Path(sys.prefix))
+    env = common.venv_env(common.DS_VENV if deepspeed else Path(sys.prefix))
     env["COMPARE_ZERO_SRC"] = str(ctx["src"])
     if not deepspeed:  # ahead of the editable install: every job runs the same snapshot
         env["PYTHONPATH"] = os.pathsep.join([str(ctx["src"]), env.get("PYTHONPATH", "")])
@@ -365,9 +364,9 @@ def probe(framework: str, layers: int, args, ctx: dict) -> dict:
         last = res["steps"][-1]
         line += (f", {res['params'] / 1e9:.3f}B params, peak RSS {max(res['peak_kib']) / (1 << 20):.2f} GiB/rank, "
                  f"{last['s']:.2f} s/step, init {res['init_s']:.0f} s")
-    _say(line + f" ({res['wall_s']:.0f} s; MemAvailable low {res['low_gib']:.1f} GiB)")
+    say(line + f" ({res['wall_s']:.0f} s; MemAvailable low {res['low_gib']:.1f} GiB)")
     if res.get("error"):
-        _say(res["error"])
+        say(res["error"])
     ctx["probes"].setdefault(framework, {})[layers] = res
     return res
 
@@ -460,7 +459,7 @@ def targets(largest: dict, args, ctx: dict) -> None:
         n = ds["layers"]
         z = ctx["probes"].get("zerotrain-nvme", {}).get(n)
         if z is None:
-            _say(f"  (one more zerotrain-nvme job at DeepSpeed's largest size, {n} layers)")
+            say(f"  (one more zerotrain-nvme job at DeepSpeed's largest size, {n} layers)")
             z = probe("zerotrain-nvme", n, args, ctx)
         if z["fits"]:
             ratio = z["steps"][-1]["s"] / ds["steps"][-1]["s"]
@@ -510,7 +509,7 @@ def main() -> int:
                    help="zero_optimization.sub_group_size for both engines (DeepSpeed's NVMe swap unit)")
     p.add_argument("--probe-timeout", type=float, default=3600.0, help="seconds before a probe is killed")
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--ds-venv", default=str(compare_zero.DS_VENV),
+    p.add_argument("--ds-venv", default=str(common.DS_VENV),
                    help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     p.add_argument("--src", default=str(SRC), help="zerotrain source tree (default: this repo's src/)")
     p.add_argument("--json", default=None, help="also write every probe's result here")
@@ -554,20 +553,20 @@ def main() -> int:
         ctx["src"] = ctx["work"] / "src"  # a snapshot: edits to src/ meanwhile cannot mix in
         shutil.copytree(Path(args.src).resolve(), ctx["src"],
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        _say(f"zerotrain: {compare_zero._describe(Path(args.src).resolve())}")
-        _say(f"budget {args.budget_gib:.2f} GiB per rank; MemAvailable {mem_available() / GIB:.1f} GiB")
+        say(f"zerotrain: {common.describe(Path(args.src).resolve())}")
+        say(f"budget {args.budget_gib:.2f} GiB per rank; MemAvailable {mem_available() / GIB:.1f} GiB")
         ctx["disk"] = disk_sequential(ctx["nvme"], args.disk_test_gib)
-        _say(f"disk: sequential read {ctx['disk'][0]:.2f} GB/s, write {ctx['disk'][1]:.2f} GB/s")
+        say(f"disk: sequential read {ctx['disk'][0]:.2f} GB/s, write {ctx['disk'][1]:.2f} GB/s")
         if "deepspeed-nvme" in args.frameworks:
-            compare_zero.DS_VENV = Path(args.ds_venv).resolve()
+            common.DS_VENV = Path(args.ds_venv).resolve()
             ctx["ds_py"] = compare_zero.ensure_deepspeed()
             if ctx["ds_py"] is None or not warm_deepspeed(ctx["ds_py"], ctx["nvme"]):
-                _say("DeepSpeed is unavailable: its column stays empty")
+                say("DeepSpeed is unavailable: its column stays empty")
                 args.frameworks.remove("deepspeed-nvme")
         largest = {}
         for fw in args.frameworks:
-            _say(f"{fw}: searching (from {args.start_layers[fw]} layers, at most {args.max_layers}, bisected to "
-                 f"within {args.resolution[fw]})")
+            say(f"{fw}: searching (from {args.start_layers[fw]} layers, at most {args.max_layers}, bisected to "
+                f"within {args.resolution[fw]})")
             largest[fw] = search(fw, args, ctx)
         report(largest, args, ctx)
         targets(largest, args, ctx)

@@ -33,7 +33,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     import zerotrain
-    from compare_zero import _reset_peak_rss, _status_kib
+    from common import reset_peak_rss, status_kib
     from zerotrain.models import GPT, GPTConfig
     from zerotrain.zero.stage3.init import full_shape
 
@@ -49,10 +49,10 @@ def worker(args) -> None:
     phases, steps = {}, []
 
     def mark(name: str) -> None:
-        phases[name] = _status_kib("VmHWM") * 1024
-        _reset_peak_rss()
+        phases[name] = status_kib("VmHWM") * 1024
+        reset_peak_rss()
 
-    _reset_peak_rss()
+    reset_peak_rss()
     torch.manual_seed(0)
     with zerotrain.zero.Init():
         model = GPT(GPTConfig(vocab_size=8192, n_positions=64, n_embd=args.embd, n_layer=args.worker, n_head=16))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import compare_zero as cz  # noqa: E402  (process and RSS helpers)
+import common  # noqa: E402  (paths, process and RSS helpers)
 
 
 def worker(args) -> None:
@@ -41,12 +41,12 @@ def worker(args) -> None:
     x = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     for step in range(2):
         if step == 1:
-            cz._reset_peak_rss()
-            start = cz._status_kib("VmRSS")
+            common.reset_peak_rss()
+            start = common.status_kib("VmRSS")
         loss = engine(x, labels=x)
         engine.backward(loss)
         engine.step()
-    mine = torch.tensor([cz._status_kib("VmHWM") - start], dtype=torch.int64)
+    mine = torch.tensor([common.status_kib("VmHWM") - start], dtype=torch.int64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"peak_kib": int(mine), "loss": float(loss)}))
@@ -66,15 +66,15 @@ def main() -> int:
     logits_mib = args.tokens * args.vocab * 4 / 2**20
     print(f"GPT width 64, 1 block, vocabulary {args.vocab}, {args.tokens} tokens a step: the whole logits are "
           f"{logits_mib:.0f} MiB fp32; tensor parallel 2, gloo")
-    env = cz._venv_env(Path(sys.prefix))
-    env["PYTHONPATH"] = str(cz.SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env = common.venv_env(Path(sys.prefix))
+    env["PYTHONPATH"] = str(common.SRC) + os.pathsep + env.get("PYTHONPATH", "")
     got = {}
     with tempfile.TemporaryDirectory(prefix="tp_logits-") as tmp:
         for split in ("whole", "vocab"):
             out = Path(tmp) / f"{split}.json"
-            r = cz._run_quiet([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", 2, "--master_port",
-                               cz._free_port(), __file__, "--split", split, "--out", out, "--vocab", args.vocab,
-                               "--tokens", args.tokens], env=env, timeout=900)
+            r = common.run_quiet([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", 2, "--master_port",
+                                 common.free_port(), __file__, "--split", split, "--out", out, "--vocab", args.vocab,
+                                 "--tokens", args.tokens], env=env, timeout=900)
             if r.returncode != 0 or not out.exists():
                 print(f"{split}: FAILED\n" + (r.stdout + r.stderr)[-3000:])
                 return 1

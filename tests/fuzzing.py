@@ -1,6 +1,6 @@
 """Hostile input for the config loader, the data readers and checkpoint loading: hypothesis
 strategies and one check per case, shared by the CI fuzz tests (a few hundred cases each)
-and `benchmarks/fuzz_inputs.py` (thousands, with a time limit per case).
+and `harness/fuzz_inputs.py` (thousands, with a time limit per case).
 
 A check runs one case and returns the project's error it raised, or None when the input
 was accepted. Any other exception propagates: that is the bug being hunted. A broken promise

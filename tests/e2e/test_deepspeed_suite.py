@@ -1,4 +1,4 @@
-"""benchmarks/deepspeed_suite.py runs DeepSpeed's own tests against zerotrain (outside make test,
+"""harness/deepspeed_suite.py runs DeepSpeed's own tests against zerotrain (outside make test,
 it takes an hour). Here it runs on a stand-in checkout whose one test file (our own) uses the
 shim the way DeepSpeed's tests do, so the copying, the name mapping and every rule of the
 classification are exercised in a few seconds."""
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "deepspeed_suite.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "harness" / "deepspeed_suite.py"
 
 _TESTS = '''
 import pytest

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py runs only where there is a CUDA GPU, which this suite does not need: its
+"""harness/gpu_check.py runs only where there is a CUDA GPU, which this suite does not need: its
 dry run (tiny model, CPU, gloo) keeps the script working on CPU, so that GPU time is
 not spent on the script's own bugs. Two of its cases, one with offload (~10 s)."""
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "harness" / "gpu_check.py"
 _NO_GPU = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # the same on a machine that has one
 
 

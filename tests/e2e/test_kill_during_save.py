@@ -1,4 +1,4 @@
-"""SIGKILL during save_checkpoint: a few trials of benchmarks/kill_during_save.py (run the
+"""SIGKILL during save_checkpoint: a few trials of harness/kill_during_save.py (run the
 script for 20 and more), and a two-kill sequence whose windows are too narrow for random kills."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from zerotrain.checkpoint.store import CheckpointWriter, load_file, resolve_checkpoint, verify_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kill_during_save.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "harness" / "kill_during_save.py"
 
 
 def load_script():

@@ -1,4 +1,4 @@
-"""One trial of benchmarks/kill_resume.py in CI: ZeRO-3 with curriculum, layer drop and
+"""One trial of harness/kill_resume.py in CI: ZeRO-3 with curriculum, layer drop and
 dropout, SIGKILLed mid-run, resumed, and bit-identical to the uninterrupted run (~40 s).
 
 The script repeats this for many kill points and stages; here the kill step is fixed inside
@@ -11,11 +11,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kill_resume.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "harness" / "kill_resume.py"
 
 
 def _load_script():
-    """benchmarks/ is not a package: load the file as a module (registered, for dataclasses)."""
+    """harness/ is not a package: load the file as a module (registered, for dataclasses)."""
     spec = importlib.util.spec_from_file_location("kill_resume", _SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

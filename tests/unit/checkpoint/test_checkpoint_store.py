@@ -246,7 +246,7 @@ def test_save_latest_false_and_missing_ok(tmp_path):
     assert resolve_checkpoint(tmp_path, missing_ok=True).name == "global_step2"
 
 
-# ---- hostile files found by benchmarks/fuzz_inputs.py, and leftovers of killed saves ---------
+# ---- hostile files found by harness/fuzz_inputs.py, and leftovers of killed saves ---------
 def test_latest_that_is_not_text_or_names_an_impossible_tag(tmp_path):
     write(tmp_path, "a", x=1)
     (tmp_path / "latest").write_bytes(b"\xff\xfe")

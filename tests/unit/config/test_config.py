@@ -731,7 +731,7 @@ def test_model_validate_direct_keeps_batch_fields_optional():
     assert cfg.train_micro_batch_size_per_gpu is None and cfg.raw == {}
 
 
-# ---- pieces the loader leans on (found unpinned by benchmarks/mutation.py) -------------------
+# ---- pieces the loader leans on (found unpinned by harness/mutation.py) -------------------
 def test_base64_configs_of_every_padding_and_what_is_not_one(tmp_path):
     import base64
 

@@ -1,5 +1,5 @@
 """Config edges that the loader's messages depend on (each found unpinned by
-benchmarks/mutation.py): unknown keys inside an "auto" filled with a block, the 60-character
+harness/mutation.py): unknown keys inside an "auto" filled with a block, the 60-character
 cut of a shown value, batch sizes that work out to 0, base64 configs longer than a file name."""
 
 import base64

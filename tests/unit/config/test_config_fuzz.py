@@ -1,6 +1,6 @@
 """Property-based fuzzing of the config loader: whatever a user (or a broken file) feeds it,
 the only failure is a ConfigError with a one-line message, never another exception.
-Strategies and checks live in tests/fuzzing.py, shared with benchmarks/fuzz_inputs.py."""
+Strategies and checks live in tests/fuzzing.py, shared with harness/fuzz_inputs.py."""
 
 from __future__ import annotations
 

@@ -683,9 +683,9 @@ def test_build_scheduler_errors():
 
 
 # ----------------------------------------------------------------------------------------
-# Defaults, resumes, edges and messages (each found unpinned by benchmarks/mutation.py)
+# Defaults, resumes, edges and messages (each found unpinned by harness/mutation.py)
 
-# Under mutmut (benchmarks/mutation.py) every mutated function is called through a trampoline,
+# Under mutmut (harness/mutation.py) every mutated function is called through a trampoline,
 # a stack frame more, so where a warning points is checked outside mutmut only.
 UNDER_MUTMUT = "MUTANT_UNDER_TEST" in os.environ
 

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the data readers: empty files, binary data, non-UTF-8, long
 lines, wrong JSON shapes and types, missing columns. The only failure allowed is a one-line
 DataError. Strategies and checks live in tests/fuzzing.py, shared with
-benchmarks/fuzz_inputs.py."""
+harness/fuzz_inputs.py."""
 
 from __future__ import annotations
 

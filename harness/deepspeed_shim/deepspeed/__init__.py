@@ -1,5 +1,5 @@
 """A `deepspeed` package that is zerotrain under DeepSpeed's names, for
-benchmarks/deepspeed_suite.py (DeepSpeed's own unit tests run against zerotrain).
+harness/deepspeed_suite.py (DeepSpeed's own unit tests run against zerotrain).
 
 It maps names and holds no behaviour of zerotrain's. Every `deepspeed.*` module exists
 (so DeepSpeed's test files import); what a name resolves to comes from three tables:

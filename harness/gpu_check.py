@@ -1,7 +1,7 @@
 """One short pass over zerotrain's CUDA paths, on a machine with a CUDA GPU.
 
-    python3 benchmarks/gpu_check.py --out DIR     on the GPU machine: about 2-3 minutes
-    python benchmarks/gpu_check.py --dry-run      here, on CPU and gloo: the script's own logic
+    python3 harness/gpu_check.py --out DIR     on the GPU machine: about 2-3 minutes
+    python harness/gpu_check.py --dry-run      here, on CPU and gloo: the script's own logic
 
 Every case is its own 1-rank torchrun job on NCCL (a world of one: the engine's collectives
 are skipped, so this checks the GPU paths, not the reductions), training a GPT-2-small-sized model
@@ -27,7 +27,7 @@ The GPU machine's python3 holds a CUDA torch but not pydantic. Its wheels travel
         pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 then copy `.whl` to the GPU machine along with the tree and run (it finishes within 7 minutes):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 harness/gpu_check.py --out $OUT
 """
 
 from __future__ import annotations
@@ -36,13 +36,15 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -171,16 +173,10 @@ def worker(args) -> None:
 # parent: the cases one by one, then the table
 # ============================================================================================
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_case(case: str, args, out: Path) -> dict:
     result = out / f"gpu_check-{case}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-           "--master_port", str(_free_port()), __file__, "--worker", "--case", case, "--result", str(result)]
+           "--master_port", str(free_port()), __file__, "--worker", "--case", case, "--result", str(result)]
     if args.dry_run:
         cmd.append("--dry-run")
     if args.peak_tflops:

@@ -1,9 +1,9 @@
 """DeepSpeed's own unit tests, run against zerotrain: a yardstick for "bring your DeepSpeed script".
 
-    python benchmarks/deepspeed_suite.py DEEPSPEED_SOURCE [--ref REF] [--only SUBSTRING ...]
+    python harness/deepspeed_suite.py DEEPSPEED_SOURCE [--ref REF] [--only SUBSTRING ...]
                                          [-k EXPR] [--file-timeout S] [--json OUT] [--keep]
                                          [--suite-pytest DIR]
-    python benchmarks/deepspeed_suite.py --reclassify RUN.json [LATER.json ...] [--json OUT]
+    python harness/deepspeed_suite.py --reclassify RUN.json [LATER.json ...] [--json OUT]
 
 DEEPSPEED_SOURCE is a DeepSpeed checkout (a folder with tests/unit) or a git directory of one
 (bare or not: `git archive REF tests` is read from it, REF default HEAD), e.g. what the
@@ -12,14 +12,14 @@ DEEPSPEED_SOURCE is a DeepSpeed checkout (a folder with tests/unit) or a git dir
 At run time the test files below (SUITE) and what they need (tests/conftest.py,
 tests/pytest.ini, the top-level files of tests/unit, the non-test files of each chosen
 folder, the data files of tests/) are copied into a temporary folder; nothing of DeepSpeed's enters this repository.
-They import `deepspeed`, which here is benchmarks/deepspeed_shim/deepspeed: zerotrain's
+They import `deepspeed`, which here is harness/deepspeed_shim/deepspeed: zerotrain's
 objects under DeepSpeed's names, with no behaviour of its own (see its docstring). Each test
 file runs in its own pytest process (DeepSpeed's harness exits the session when a test
 hangs), on gloo, with DeepSpeed's DistributedTest spawning the ranks.
 
 That pytest is one of its own: DeepSpeed's DistributedFixture registers through a pytest
 internal that pytest 8.4 removed (DeepSpeed's requirements-dev.txt pins pytest<8.4), so on
-first use `pip install --target benchmarks/.suite-pytest "pytest>=8.3,<8.4"` puts one there
+first use `pip install --target harness/.suite-pytest "pytest>=8.3,<8.4"` puts one there
 (git-ignored; --suite-pytest names another folder) and it goes first on the children's PYTHONPATH.
 
 Each test counts as one of:
@@ -55,8 +55,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIM = ROOT / "benchmarks" / "deepspeed_shim"
-SUITE_PYTEST = ROOT / "benchmarks" / ".suite-pytest"
+SHIM = ROOT / "harness" / "deepspeed_shim"
+SUITE_PYTEST = ROOT / "harness" / ".suite-pytest"
 PYTEST_PIN = "pytest>=8.3,<8.4"  # DeepSpeed's requirements-dev.txt: pytest<8.4 (DistributedFixture)
 
 # Folders of tests/unit and the test files taken from each (glob patterns).
@@ -547,7 +547,7 @@ def main(argv=None) -> int:
                     help="the zerotrain source to test (default this checkout's src/)")
     ap.add_argument("--suite-pytest", type=Path, default=SUITE_PYTEST,
                     help=f"folder holding the pytest the tests run under ({PYTEST_PIN}; installed there "
-                         "on first use; default benchmarks/.suite-pytest)")
+                         "on first use; default harness/.suite-pytest)")
     ap.add_argument("--json", type=Path, help="write every test's record, category and reason here")
     ap.add_argument("--reclassify", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: classify the records of earlier --json runs with today's rules "

@@ -1,7 +1,7 @@
 """Exact resume under SIGKILL: a killed and resumed `zerotrain train` run must log the same
 losses, bit for bit, as a run that was never interrupted.
 
-    python benchmarks/kill_resume.py --trials 3 --stages 0 2 3 [--seed S] [--fp16] [--keep DIR]
+    python harness/kill_resume.py --trials 3 --stages 0 2 3 [--seed S] [--fp16] [--keep DIR]
 
 Per ZeRO stage: one uninterrupted reference run, then N trials. A trial launches the same
 job, SIGKILLs all of it once a step drawn uniformly from [save_steps, max_steps) has been
@@ -44,8 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobs import kill_job  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import kill_job  # noqa: E402
 
 MAX_STEPS, SAVE_STEPS = 24, 3
 FIELDS = ("loss", "lr", "grad_norm", "seqlen", "pld_theta", "loss_scale", "tokens", "epoch")

@@ -1,4 +1,4 @@
-"""pytest plugin for benchmarks/deepspeed_suite.py: one JSON line per test to $ZT_SUITE_RESULTS.
+"""pytest plugin for harness/deepspeed_suite.py: one JSON line per test to $ZT_SUITE_RESULTS.
 
 It only records what happened (outcome, skip reason, the exception chain, and the name of a
 DeepSpeed placeholder if one raised); deepspeed_suite.py classifies.

@@ -1,6 +1,6 @@
 """SIGKILL in the middle of save_checkpoint, again and again: is what a restart loads always whole?
 
-    python benchmarks/kill_during_save.py --trials 20 [--world-size 1|2] [--stage S] [--seed N]
+    python harness/kill_during_save.py --trials 20 [--world-size 1|2] [--stage S] [--seed N]
 
 Every trial resumes one training job (one process, or 2 ranks under torchrun) on the same
 save_dir. It trains a ~4M-param GPT with AdamW, so a save writes ~50 MB and takes 0.07-0.3 s
@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobs import kill_job  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import kill_job  # noqa: E402
 
 VOCAB, SEQ, MICRO = 4096, 32, 4
 KEEP = 3  # tags the job keeps behind the newest, so 20 trials do not fill the disk

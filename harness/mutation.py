@@ -1,6 +1,6 @@
 """Mutation score of the pure modules (config, schedules, precision, features, the shard layout).
 
-    python benchmarks/mutation.py [layout schedules precision features config] [--fresh]
+    python harness/mutation.py [layout schedules precision features config] [--fresh]
                                   [--max-children 1] [--survivors] [--report-only]
                                   [--rerun-survivors [--max-mutants N] [--match TEXT...]]
                                   [--quick | --only TEST...]
@@ -62,7 +62,7 @@ SLOW: dict[str, list[str]] = {"config": ["tests/unit/config/test_config_fuzz.py"
 
 # Copied into mutants/ (also_copy): the selected tests run fastest first, so that with -x a
 # mutant dies on its cheapest killing test; a survivor runs them all either way.
-ORDER_CONFTEST = '''"""Written by benchmarks/mutation.py: run the selected tests fastest first."""
+ORDER_CONFTEST = '''"""Written by harness/mutation.py: run the selected tests fastest first."""
 import json
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Hostile input at scale: thousands of hypothesis cases per input the user controls.
 
-    python benchmarks/fuzz_inputs.py [--cases 5000] [--seed N] [--limit 5] [--only reader]
+    python harness/fuzz_inputs.py [--cases 5000] [--seed N] [--limit 5] [--only reader]
 
 Targets: the config loader (Python dicts, plausible blocks with wrong values, files as
 bytes / text, JSON of a dict), every data reader (each file suffix, a folder of files, a
