@@ -17,6 +17,16 @@ from .metrics_log import read_metrics
 _STANDARD = {"step", "epoch", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "loss_scale"}
 
 
+def token_label(value: float, _pos=None) -> str:
+    """A tick of the tokens axis in a few characters: 0, 500, 2.5k, 20k, 1.0M, 150M, 2.0B
+    (matplotlib's default prints every digit, and seven-digit ticks run into each other)."""
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            scaled = value / size
+            return f"{scaled:.0f}{suffix}" if abs(scaled) >= 10 else f"{scaled:.1f}{suffix}"
+    return f"{value:g}"
+
+
 def _series(records: list[dict], key: str) -> tuple[list, list, list]:
     rows = [r for r in records if key in r and r[key] is not None]
     return [r["step"] for r in rows], [r.get("tokens", 0) for r in rows], [r[key] for r in rows]
@@ -36,6 +46,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     from ...errors import DataError
 
@@ -64,6 +75,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             axes[row][col].set_ylabel(key)
         for r in range(rows):
             axes[r][col].grid(alpha=0.3)
+            if xi == 1:
+                axes[r][col].xaxis.set_major_locator(MaxNLocator(nbins=6))
+                axes[r][col].xaxis.set_major_formatter(FuncFormatter(token_label))
         axes[rows - 1][col].set_xlabel(xlabel)
     fig.suptitle(f"zerotrain run: {Path(run_dir).resolve().name}")
     fig.tight_layout()

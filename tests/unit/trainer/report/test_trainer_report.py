@@ -26,3 +26,11 @@ def test_plot_command_writes_a_png(tmp_path):
     assert main(["plot", str(tmp_path / "out")]) == 0
     png = tmp_path / "out" / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_token_ticks_are_short_enough_not_to_run_together():
+    from zerotrain.trainer.report.plot import token_label
+
+    ticks = [0, 500, 2_500, 20_000, 1_000_000, 1_500_000, 2_000_000, 150_000_000, 2_000_000_000]
+    assert [token_label(t) for t in ticks] == ["0", "500", "2.5k", "20k", "1.0M", "1.5M", "2.0M", "150M", "2.0B"]
+    assert all(len(token_label(t)) <= 5 for t in range(0, 10**10, 7_654_321))
