@@ -45,10 +45,10 @@ def mlm_batch(stream: torch.Tensor, step: int, salt: int = 0) -> tuple[torch.Ten
 
 def build(seed: int, pld: dict | None, layers: int, hidden: int):
     import zerotrain
-    from zerotrain.models import BertConfig, BertForMaskedLM
+    from zerotrain.models import BertConfig, PreLNBertMLM
 
     torch.manual_seed(seed)
-    model = BertForMaskedLM(BertConfig(vocab_size=257, n_positions=SEQ, n_embd=hidden, n_layer=layers,
+    model = PreLNBertMLM(BertConfig(vocab_size=257, n_positions=SEQ, n_embd=hidden, n_layer=layers,
                                        n_head=hidden // 64))
     cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.98], "weight_decay": 0.01}},

@@ -148,11 +148,11 @@ def mlm_batch(stream: torch.Tensor, step: int, mask_id: int) -> tuple[torch.Tens
 
 def build_engine(pld: dict | None, steps_estimate: int):
     import zerotrain
-    from zerotrain.models import BertConfig, BertForMaskedLM
+    from zerotrain.models import BertConfig, PreLNBertMLM
     from zerotrain.models.bert import bert_config_keys
 
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(**bert_config_keys(BERT)))
+    model = PreLNBertMLM(BertConfig(**bert_config_keys(BERT)))
     cfg = json.loads(json.dumps(PRETRAIN_DS))
     if pld:
         cfg["progressive_layer_drop"] = {"enabled": True, **pld}

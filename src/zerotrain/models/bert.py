@@ -116,7 +116,7 @@ def _initialiser(std: float):
     return init
 
 
-class BertForMaskedLM(nn.Module):
+class PreLNBertMLM(nn.Module):
     """labels: the original ids at masked positions, -100 elsewhere. Returns the mean loss over
     masked positions (the head runs only there), or all logits without labels."""
 
@@ -143,7 +143,7 @@ class BertForMaskedLM(nn.Module):
         return F.cross_entropy(logits.float(), labels)
 
 
-class BertForSequenceClassification(nn.Module):
+class PreLNBertClassifier(nn.Module):
     """Classifies from the first token (a [CLS] position); labels give the cross-entropy loss, or
     with num_labels 1 (a regression such as STS-B) the mean squared error of the one output."""
 
@@ -167,3 +167,9 @@ class BertForSequenceClassification(nn.Module):
         if self.cfg.num_labels == 1:
             return F.mse_loss(logits.float().squeeze(-1), labels.float())
         return F.cross_entropy(logits.float(), labels)
+
+
+# HF's names for these two heads, for scripts that import them so (the classes are zerotrain's own
+# Pre-LN models, not HF's Post-LN BertForMaskedLM / BertForSequenceClassification).
+BertForMaskedLM = PreLNBertMLM
+BertForSequenceClassification = PreLNBertClassifier

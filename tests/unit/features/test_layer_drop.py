@@ -19,7 +19,7 @@ from feature_models import (SEQ, VOCAB, Recorder, config, linear_curriculum, run
 from zerotrain import ProgressiveLayerDrop, layerdrop
 from zerotrain.errors import ModelInterfaceError
 from zerotrain.features.engine_methods import curriculum_seqlen, tokens_consumed
-from zerotrain.models import BertConfig, BertForMaskedLM, BertForSequenceClassification
+from zerotrain.models import BertConfig, PreLNBertMLM, PreLNBertClassifier
 
 
 def pld(theta=0.5, gamma=0.001, enabled=True) -> dict:
@@ -185,7 +185,7 @@ def test_engine_drops_the_blocks_the_step_mask_says():
 def test_bert_models_run_with_and_without_drop():
     cfg = BertConfig(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=3, n_head=2)
     torch.manual_seed(0)
-    mlm, cls = BertForMaskedLM(cfg), BertForSequenceClassification(cfg)
+    mlm, cls = PreLNBertMLM(cfg), PreLNBertClassifier(cfg)
     x = tokens(0)
     labels = torch.full_like(x, -100)
     labels[:, ::4] = x[:, ::4]

@@ -34,10 +34,10 @@ def test_the_seeds_config_is_bert_base_pre_ln():
     assert (cfg.vocab_size, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_inner, cfg.activation, cfg.dropout,
             cfg.attn_dropout, cfg.n_positions, cfg.type_vocab_size, cfg.init_std) == \
         (119547, 768, 12, 12, 3072, "gelu", 0.1, 0.1, 512, 2, 0.02)
-    from zerotrain.models import BertForMaskedLM
+    from zerotrain.models import PreLNBertMLM
 
     with torch.device("meta"):
-        model = BertForMaskedLM(cfg)
+        model = PreLNBertMLM(cfg)
     block = sum(p.numel() for p in model.bert.blocks[0].parameters())
     assert block == _hf_layer_parameters(SEED)  # the same block as HF's BERT-Base layer (Pre-LN order aside)
     assert model.bert.wte.weight.shape == (119547, 768) and len(model.bert.blocks) == 12

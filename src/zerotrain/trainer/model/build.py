@@ -20,7 +20,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...zero.stage3.init import Init, is_partitioned
-from ...models import GPT, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPTConfig
+from ...models import GPT, BertConfig, PreLNBertClassifier, PreLNBertMLM, GPTConfig
 from ...models.bert import bert_config_keys, is_bert_recipe_config
 
 log = logging.getLogger("zerotrain")
@@ -42,7 +42,7 @@ PRESETS = {
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128},
 }
 _OURS = {"gpt": (GPTConfig, {"clm": GPT, "sft": GPT}),
-         "bert": (BertConfig, {"mlm": BertForMaskedLM, "classification": BertForSequenceClassification})}
+         "bert": (BertConfig, {"mlm": PreLNBertMLM, "classification": PreLNBertClassifier})}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,8 @@ from zerotrain.trainer import TrainerCallback
 
 
 @pytest.mark.parametrize("preset, task, cls", [
-    ("gpt-tiny", "clm", "GPT"), ("bert-tiny", "mlm", "BertForMaskedLM"),
-    ("bert-tiny", "classification", "BertForSequenceClassification"), ("gpt2-tiny", "clm", "GPT2LMHeadModel"),
+    ("gpt-tiny", "clm", "GPT"), ("bert-tiny", "mlm", "PreLNBertMLM"),
+    ("bert-tiny", "classification", "PreLNBertClassifier"), ("gpt2-tiny", "clm", "GPT2LMHeadModel"),
     ("llama-tiny", "clm", "LlamaForCausalLM"), ("llama-tiny", "classification", "LlamaForSequenceClassification"),
 ])
 def test_presets_build_for_their_tasks(preset, task, cls):
