@@ -8,10 +8,15 @@ prints (with the task and step count it knows).
       features: none
       model states per process: estimated 1.92 MiB after a step; measured 981.50 KiB (device
         981.50 KiB) now (optimizer state comes with the first step)
+        (trained weights, their gradients, fp32 masters and optimizer state; not activations, nor
+        the 2.46 MiB of frozen weights)
       config keys accepted with no effect in zerotrain (...): comms_logger
 
 The estimate is zerotrain.estimate_memory for the trained parameters (what `zerotrain
-estimate` prints before a job is launched); the measurement is engine.memory_breakdown().
+estimate` prints before a job is launched), with the fp32 gradient accumulator the engine keeps
+when fp16/bf16 micro-steps accumulate; the measurement is engine.memory_breakdown(). Both
+count what the ZeRO strategy holds for the trained parameters; frozen weights (a LoRA base
+model) are said beside them.
 """
 
 from __future__ import annotations
@@ -54,6 +59,14 @@ def _plural(n: int, word: str, suffix: str = "s") -> str:
     return f"{n} {word}{suffix if n != 1 else ''}"
 
 
+def _accumulation(cfg) -> str:
+    """"fp32" where micro-steps accumulate in a wider copy (data_types.grad_accum_dtype, fp32
+    unless set, once there is more than one micro-step a step), as initialize decides."""
+    if cfg.gradient_accumulation_steps == 1 or cfg.data_types.grad_accum_dtype in ("fp16", "bf16"):
+        return "compute"
+    return "fp32"
+
+
 def _estimate(engine, cfg, trained: int, world: int, opt_off: str, param_off: str) -> str:
     optimizer = str(cfg.optimizer.type).lower() if cfg.optimizer is not None else ""
     if optimizer not in OPTIMIZER_BYTES:
@@ -61,7 +74,8 @@ def _estimate(engine, cfg, trained: int, world: int, opt_off: str, param_off: st
     try:
         return human_bytes(total_bytes(estimate_memory(
             trained, world, cfg.zero_optimization.stage, dtype=_precision(cfg), optimizer=optimizer,
-            offload_optimizer=opt_off, offload_param=param_off, compute_on_host=engine.device.type == "cpu")))
+            offload_optimizer=opt_off, offload_param=param_off, compute_on_host=engine.device.type == "cpu",
+            accumulation=_accumulation(cfg))))
     except ValueError:
         return "n/a (no estimate for this optimizer)"
 
@@ -85,12 +99,13 @@ def render(engine, model=None, task: str | None = None, total_steps: int | None 
     that has shown them already leaves them out)."""
     cfg, comm = engine.config, engine.comm
     model = engine.module if model is None else model
-    seen, total, trained = set(), 0, 0
+    seen, total, trained, frozen_bytes = set(), 0, 0, 0
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()
             trained += p.numel() if p.requires_grad else 0
+            frozen_bytes += 0 if p.requires_grad else p.numel() * p.element_size()
     world = comm.world_size
     if nodes is None:
         nodes = max(1, world // (comm.state.local_world_size or world))
@@ -114,6 +129,8 @@ def render(engine, model=None, task: str | None = None, total_steps: int | None 
         f"  model states per process: estimated {_estimate(engine, cfg, trained, world, opt_off, param_off)} after a "
         f"step; measured {human_bytes(total_bytes(measured))}{f' ({places})' if places else ''} now (optimizer state "
         "comes with the first step)",
+        "    (trained weights, their gradients, fp32 masters and optimizer state; not activations"
+        + (f", nor the {human_bytes(frozen_bytes)} of frozen weights)" if frozen_bytes else ")"),
     ]
     if notices and (line := notice(cfg)):
         lines.append(f"  {line}")

@@ -29,7 +29,8 @@ def test_initialize_logs_the_run_once(zerotrain_log):
     assert lines[3] == "  optimizer AdamW (lr 0.0003) | schedule WarmupLR | gradient clipping 0.5"
     assert lines[4] == "  features: none"
     assert lines[5].startswith("  model states per process: estimated ")
-    assert lines[6].startswith("  config keys accepted with no effect") and lines[6].endswith("comms_logger")
+    assert lines[6] == "    (trained weights, their gradients, fp32 masters and optimizer state; not activations)"
+    assert lines[7].startswith("  config keys accepted with no effect") and lines[7].endswith("comms_logger")
     # the notice is not logged a second time on its own
     assert not any(m.startswith("config keys accepted") for m in _messages(zerotrain_log))
 

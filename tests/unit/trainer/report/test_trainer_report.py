@@ -34,3 +34,22 @@ def test_token_ticks_are_short_enough_not_to_run_together():
     ticks = [0, 500, 2_500, 20_000, 1_000_000, 1_500_000, 2_000_000, 150_000_000, 2_000_000_000]
     assert [token_label(t) for t in ticks] == ["0", "500", "2.5k", "20k", "1.0M", "1.5M", "2.0M", "150M", "2.0B"]
     assert all(len(token_label(t)) <= 5 for t in range(0, 10**10, 7_654_321))
+
+
+@pytest.mark.parametrize("extra", [{"bf16": True, "gradient_accumulation_steps": 2}, {"lora_rank": 4}])
+def test_the_banner_estimate_is_what_a_step_measures_and_says_what_it_covers(tmp_path, capsys, extra):
+    """bf16 micro-steps accumulate in an fp32 copy, which the estimate counts; LoRA's frozen base
+    is said beside the model states rather than hidden."""
+    from trainer_helpers import Capture
+
+    from zerotrain.zero.estimate import human_bytes, total_bytes
+
+    cap = Capture()
+    run(options(tmp_path, max_steps=1, **extra), callbacks=[cap])
+    out = capsys.readouterr().out
+    after_a_step = human_bytes(total_bytes(cap.trainer.engine.memory_breakdown()))
+    assert f"model states per process: estimated {after_a_step} after a step" in out
+    frozen = sum(p.numel() * p.element_size() for p in cap.trainer.model.parameters() if not p.requires_grad)
+    assert ("(trained weights, their gradients, fp32 masters and optimizer state; not activations"
+            + (f", nor the {human_bytes(frozen)} of frozen weights)" if frozen else ")")) in out
+    assert bool(frozen) is ("lora_rank" in extra)
