@@ -17,6 +17,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from transformers.utils import logging as hf_logging
+
     from ..errors import ConfigError
     from ..trainer.data.tokenizer import load_tokenizer
     from ..trainer.model import build as models
@@ -28,6 +30,8 @@ def run(args) -> int:
     if not base:
         raise ConfigError(f"{adapter}: the adapter names no base model; pass --base FOLDER")
     task = args.task or meta.get("task") or "clm"
+    # the command's own line says what it read and wrote: no loading or writing bars around it
+    hf_logging.disable_progress_bar()
     model, info = models.load_model(base, task, meta.get("num_labels"))
     lora.load_adapter(model, adapter)
     merged = lora.merge(model)
@@ -36,5 +40,5 @@ def run(args) -> int:
         raise ConfigError(f"output_dir {out} is not empty; choose a new folder")
     tokenizer = load_tokenizer(str(adapter) if (adapter / "tokenizer.json").is_file() else None, base)
     models.save_model(out, model, info, model.state_dict(), tokenizer)
-    print(f"merged {merged} LoRA layers of {adapter} into {base}; wrote {out}")
+    print(f"merged {merged} LoRA layers of {adapter} into {base}; wrote {out}", flush=True)
     return 0

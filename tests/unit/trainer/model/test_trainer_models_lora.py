@@ -150,3 +150,22 @@ def test_lora_with_zero_stages_and_gradient_checkpointing(tmp_path, stage):
     assert getattr(cap.trainer.model.model, "gradient_checkpointing", False)
     got = [r["loss"] for r in recs if "loss" in r]
     assert got[-1] < got[0]
+
+
+def test_merge_lora_of_an_hf_model_prints_its_one_line_and_no_bars(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    from zerotrain.cli import main
+
+    hf_logging.enable_progress_bar()  # as in a fresh process
+    hf, info = models.build_model(None, "gpt2-tiny", "clm", byte_tokenizer())
+    models.save_model(tmp_path / "base", hf, info, hf.state_dict(), byte_tokenizer())
+    hf_logging.enable_progress_bar()
+    config = lora.apply_lora(hf, "gpt2", 4, None, 0.0, "q_proj", None)
+    lora.save_adapter(tmp_path / "adapter", hf.state_dict(), config, str(tmp_path / "base"))
+    capfd.readouterr()
+    assert main(["merge-lora", str(tmp_path / "adapter"), "--output_dir", str(tmp_path / "merged")]) == 0
+    out, err = capfd.readouterr()
+    assert out.splitlines() == [f"merged 2 LoRA layers of {tmp_path / 'adapter'} into {tmp_path / 'base'}; "
+                                f"wrote {tmp_path / 'merged'}"]
+    assert "Loading" not in err and "it/s" not in err, err
