@@ -12,9 +12,9 @@ import torch
 
 import zerotrain
 import zerotrain.zero
+from asserts import assert_params_close
 from megatron_lr import golden_lrs
 from scenarios import global_batch, rank_and_world
-from test_stage0 import assert_params_close
 from zerotrain.models import GPT, GPTConfig
 from zerotrain.features.engine_methods import tokens_consumed
 

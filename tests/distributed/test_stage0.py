@@ -7,15 +7,8 @@ import math
 import pytest
 import torch
 
+from asserts import assert_params_close
 from scenarios import base_config, train
-
-
-def assert_params_close(a: dict, b: dict, rtol: float = 1e-5) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        diff = (a[k] - b[k]).norm().item()
-        scale = max(b[k].norm().item(), 1e-12)
-        assert diff / scale <= rtol, f"{k}: relative difference {diff / scale:.2e}"
 
 
 @pytest.mark.parametrize("extra", [

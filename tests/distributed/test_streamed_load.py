@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import zerotrain
+from asserts import assert_params_close
 from scenarios import base_config, global_batch, rank_and_world
-from test_stage0 import assert_params_close
 
 
 def _save(kind: str, folder: str) -> None:

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
+from asserts import assert_params_close
 from scenarios import base_config, train
-from test_stage0 import assert_params_close
 
 STAGES = [1, 2, 3]
 
