@@ -1,8 +1,13 @@
 """The `data_efficiency` block (DeepSpeed's data sampling and routing library) and the
-schedule settings the legacy curriculum shares with it. zerotrain acts on its seqlen
-curriculum; dynamic batching and random-LTD change what is trained, are not built, and are
-refused when switched on; the sampler's own settings have no effect (the curriculum needs
-no index files: it cuts the batch)."""
+schedule settings the legacy curriculum shares with it.
+
+zerotrain acts on the sampling curriculum: with `training_data` the loader's batch sampler
+draws each batch from clusters of samples whose metric lies within the current difficulty
+(data/curriculum_sampler.py), reading the metric's index files; without it a seqlen metric
+still cuts each batch. Dynamic batching and random-LTD change what is trained, are not
+built, and are refused when switched on. Like DeepSpeed, the settings of a part are read
+only while that part is enabled; the checks DeepSpeed makes (as asserts or KeyErrors) are
+one line each here."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from pydantic import model_validator
 
 from .base import Block, FieldProblem, Int, Number, acts, no_effect, refused
 
-_SAMPLER = "the seqlen curriculum needs no data sampler or index files: it cuts each batch"
+_PIN = "the curriculum's loader pins memory as the engine's other loaders do (DeepSpeed does not read this key)"
 _LTD = "random-LTD is refused when enabled"
 _DYNAMIC = "dynamic batching is refused when enabled"
 
@@ -26,27 +31,61 @@ class ScheduleConfig(Block):
 
 
 class CurriculumMetricConfig(Block):
-    index_to_sample_path: str | None = no_effect(None, _SAMPLER)
-    index_to_metric_path: str | None = no_effect(None, _SAMPLER)
-    difficulty_type: Literal["value", "percentile"] | None = acts(None, "Compare metric values (percentile is "
-                                                                        "refused for seqlen).")
-    clustering_type: Literal["single_cluster", "schedule_based"] | None = no_effect(None, _SAMPLER)
+    index_to_sample_path: str | None = acts(None, "Index file prefix (.idx/.bin): row i holds the samples of the "
+                                                  "i-th metric value, in ascending order (schedule_based).")
+    index_to_metric_path: str | None = acts(None, "Index file prefix: row i holds the metric value of row i of "
+                                                  "index_to_sample (value difficulty, schedule_based).")
+    difficulty_type: Literal["value", "percentile"] | None = acts(
+        None, "value: samples whose metric is <= the difficulty; percentile: the difficulty's share of samples "
+              "in metric order (seqlen cutting takes value only).")
+    clustering_type: Literal["single_cluster", "schedule_based"] | None = acts(
+        None, "single_cluster: the metric picks no samples (all are one cluster; a post-process function acts "
+              "on it); schedule_based: a new cluster each time the difficulty changes.")
     min_difficulty: Number | None = acts(None, "Starting difficulty.")
     max_difficulty: Number | None = acts(None, "Final difficulty.")
     schedule_type: Literal["fixed_linear", "fixed_root", "fixed_discrete", "custom"] | None = acts(
         None, "Difficulty schedule.")
     schedule_config: ScheduleConfig | None = acts(None, "Parameters of the schedule.")
 
+    @model_validator(mode="after")
+    def _percentiles_are_integers(self) -> CurriculumMetricConfig:
+        # a percentile difficulty slices the samples in metric order: a count, not a value
+        if self.difficulty_type == "percentile":
+            for key in ("min_difficulty", "max_difficulty"):
+                value = getattr(self, key)
+                if value is not None and not isinstance(value, int):
+                    raise FieldProblem(key, f"should be an integer percentile with difficulty_type percentile, "
+                                            f"got {value!r}")
+        return self
+
+    def missing(self) -> tuple[str, str] | None:
+        """(key, why) of the first setting the enabled curriculum needs and lacks."""
+        for key in ("difficulty_type", "clustering_type", "min_difficulty", "max_difficulty", "schedule_type"):
+            if getattr(self, key) is None:
+                return key, "needed when curriculum learning is enabled"
+        if self.clustering_type == "schedule_based":
+            if self.index_to_sample_path is None:
+                return "index_to_sample_path", "needed by clustering_type schedule_based"
+            if self.difficulty_type == "value" and self.index_to_metric_path is None:
+                return "index_to_metric_path", "needed by clustering_type schedule_based with difficulty_type value"
+        return None
+
 
 class DataCurriculumConfig(Block):
-    enabled: bool = acts(False, "Turn the metric-based curriculum on (seqlen metrics only).")
-    data_cluster_path: str | None = no_effect(None, _SAMPLER)
+    enabled: bool = acts(False, "Turn the metric-based curriculum on.")
+    data_cluster_path: str | None = acts(None, "Folder for the cluster files (made if absent; needed when the "
+                                               "sampler runs, i.e. with training_data).")
     curriculum_metrics: dict[str, CurriculumMetricConfig] | None = acts(None, "One entry per metric.")
 
     @model_validator(mode="after")
     def _metrics_when_enabled(self) -> DataCurriculumConfig:
-        if self.enabled and not self.curriculum_metrics:
+        if not self.enabled:
+            return self
+        if not self.curriculum_metrics:
             raise FieldProblem("curriculum_metrics", "is missing: needed when curriculum learning is enabled")
+        for name, metric in self.curriculum_metrics.items():
+            if (gap := metric.missing()) is not None:
+                raise FieldProblem(f"curriculum_metrics.{name}.{gap[0]}", f"is missing: {gap[1]}")
         return self
 
 
@@ -69,9 +108,9 @@ class DynamicBatchingConfig(Block):
 
 class DataSamplingConfig(Block):
     enabled: bool = acts(False, "Turn the data sampler features on.")
-    num_epochs: Int = no_effect(1000, _SAMPLER, ge=1)
-    num_workers: Int = no_effect(0, _SAMPLER, ge=0)
-    pin_memory: bool = no_effect(False, _SAMPLER)
+    num_epochs: Int = acts(1000, "The curriculum sampler stops after this many times the dataset's samples.", ge=1)
+    num_workers: Int = acts(0, "Worker processes of the curriculum sampler's loader.", ge=0)
+    pin_memory: bool = no_effect(False, _PIN)
     curriculum_learning: DataCurriculumConfig = acts(None, "Metric-based sample curriculum.",
                                                      default_factory=DataCurriculumConfig)
     dynamic_batching: DynamicBatchingConfig = acts(None, "Token-budget batches (refused when enabled).",
@@ -118,7 +157,7 @@ class DataRoutingConfig(Block):
 
 class DataEfficiencyConfig(Block):
     enabled: bool = acts(False, "Turn the data-efficiency library on.")
-    seed: Int = no_effect(1234, "the data order comes from the dataloader's own seed")
+    seed: Int = acts(1234, "Seed of the curriculum sampler's own generator (cluster shuffles, batch draws).")
     data_sampling: DataSamplingConfig = acts(None, "What data is drawn.", default_factory=DataSamplingConfig)
     data_routing: DataRoutingConfig = acts(None, "Which layers see which tokens.", default_factory=DataRoutingConfig)
 

@@ -30,7 +30,7 @@ def attr(obj, dotted):
 
 CURRICULUM = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
               "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}
-METRIC = {"index_to_sample_path": "s", "index_to_metric_path": "m", "difficulty_type": "percentile",
+METRIC = {"index_to_sample_path": "s", "index_to_metric_path": "m", "difficulty_type": "value",
           "clustering_type": "single_cluster", "min_difficulty": 1, "max_difficulty": 99.5,
           "schedule_type": "fixed_root",
           "schedule_config": {"total_curriculum_step": 5, "difficulty_step": 1, "root_degree": 2}}
@@ -228,6 +228,21 @@ def test_data_efficiency_defaults():
      r"data_efficiency\.data_sampling\.curriculum_learning\.curriculum_metrics is missing"),
     ({"data_sampling": {"dynamic_batching": {"enabled": True}}},
      r"data_efficiency\.data_sampling\.dynamic_batching\.max_tokens is missing"),
+    *[({"data_sampling": {"curriculum_learning": {"enabled": True, "curriculum_metrics": {"m": metric}}}},
+       rf"^data_efficiency\.data_sampling\.curriculum_learning\.curriculum_metrics\.m\.{line}$")
+      for metric, line in [
+          ({}, "difficulty_type is missing: needed when curriculum learning is enabled"),
+          ({"difficulty_type": "value"}, "clustering_type is missing: needed when curriculum learning is enabled"),
+          ({"difficulty_type": "value", "clustering_type": "single_cluster", "min_difficulty": 1,
+            "max_difficulty": 2}, "schedule_type is missing: needed when curriculum learning is enabled"),
+          ({"difficulty_type": "value", "clustering_type": "schedule_based", "min_difficulty": 1,
+            "max_difficulty": 2, "schedule_type": "custom"},
+           "index_to_sample_path is missing: needed by clustering_type schedule_based"),
+          ({"difficulty_type": "value", "clustering_type": "schedule_based", "min_difficulty": 1,
+            "max_difficulty": 2, "schedule_type": "custom", "index_to_sample_path": "s"},
+           "index_to_metric_path is missing: needed by clustering_type schedule_based with difficulty_type value"),
+          ({"difficulty_type": "percentile", "max_difficulty": 50.5},
+           "max_difficulty: should be an integer percentile with difficulty_type percentile, got 50.5")]],
     ({"data_routing": {"random_ltd": {"layer_token_lr_schedule": {"enabled": True}}}}, r"not implemented"),
     ({"data_routing": {"random_ltd": {"random_ltd_schedule": {"schedule_type": "fixed_root"}}}},
      r"random_ltd_schedule\.schedule_type: should be 'fixed_linear'"),
