@@ -12,6 +12,7 @@ import torch
 from .config import load_config, tensor_parallel_size
 from .config.report import notice as config_notice
 from .data import build_dataloader
+from .data.curriculum_loader import build_curriculum_loader, curriculum_sampling_on
 from .engine import summary
 from .helpers import activation_checkpointing
 from .comm import Comm, init_parallel
@@ -255,11 +256,13 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if torch_optimizer is not None and scaler is not None:  # optimizer.cur_scale etc., as DeepSpeed's fp16
         expose_loss_scale(torch_optimizer, scaler)
     loader = None
-    if training_data is not None:
+    if training_data is not None and curriculum_sampling_on(cfg):  # batches drawn by the metrics' difficulty
+        loader = build_curriculum_loader(training_data, cfg, data.rank, data.world_size, collate_fn=collate_fn)
+    elif training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, data.rank,
                                   data.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
     engine = split.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
-                                features=build_features(cfg), training_dataloader=loader)
+                                features=build_features(cfg, loader), training_dataloader=loader)
     for feature in engine.features:
         feature.on_train_start(engine)
     if cfg.activation_checkpointing is not None:

@@ -83,3 +83,50 @@ def test_two_ranks_match_one_process(world2, stage, micro, ga):
         assert r["block_runs"] == reference["block_runs"] * r["forwards"] // len(reference["tokens"])
     assert_params_close(ranks[0]["params"], ranks[1]["params"], rtol=0)
     assert_params_close(ranks[0]["params"], reference["params"])
+
+
+# ---- the sampling curriculum: each rank its slice of the same batches, resumed alike --------
+def curriculum_sampling(folder: str) -> dict:
+    """6 micro-batches from the curriculum loader, and the last 3 again after a resume from
+    the checkpoint saved after the first 3."""
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "data_efficiency": curriculum_block(folder)}
+    data = [torch.tensor([float(i)]) for i in range(40)]
+
+    def start():
+        engine, _, loader, _ = zerotrain.initialize(model=torch.nn.Linear(1, 1), config=config, training_data=data)
+        return engine, iter(loader)
+
+    engine, it = start()
+    seen = [next(it).view(-1).long().tolist() for _ in range(3)]
+    engine.save_checkpoint(f"{folder}/ck")
+    seen += [next(it).view(-1).long().tolist() for _ in range(3)]
+    engine, it = start()
+    engine.load_checkpoint(f"{folder}/ck")
+    return {"seen": seen, "resumed": [next(it).view(-1).long().tolist() for _ in range(3)]}
+
+
+def curriculum_block(folder: str) -> dict:
+    return {"enabled": True, "seed": 9, "data_sampling": {"enabled": True, "curriculum_learning": {
+        "enabled": True, "data_cluster_path": f"{folder}/clusters", "curriculum_metrics": {"m": {
+            "index_to_sample_path": f"{folder}/i2s", "index_to_metric_path": f"{folder}/i2m",
+            "difficulty_type": "value", "clustering_type": "schedule_based", "min_difficulty": 2,
+            "max_difficulty": 9, "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 1}}}}}}
+
+
+def test_curriculum_sampler_two_ranks_take_slices_and_resume(world2, tmp_path):
+    import numpy as np
+
+    from zerotrain.config import load_config
+    from zerotrain.data.curriculum_sampler import CurriculumSampler
+    from zerotrain.data.indexed import write_indexed
+
+    vals = np.random.default_rng(4).integers(0, 10, 40)
+    write_indexed(str(tmp_path / "i2s"), [np.nonzero(vals == v)[0] for v in np.unique(vals)], np.uint8)
+    write_indexed(str(tmp_path / "i2m"), [[v] for v in np.unique(vals)], np.uint8)
+    ranks = world2.run(curriculum_sampling, str(tmp_path))
+    de = load_config({"train_batch_size": 4, "data_efficiency": curriculum_block(str(tmp_path))}).data_efficiency
+    one = list(CurriculumSampler(de, 40, 4, 0, 1, 1, write_clusters=False))[:6]  # the same global batch of 4
+    assert [ranks[0]["seen"][i] + ranks[1]["seen"][i] for i in range(6)] == one
+    assert all(r["resumed"] == r["seen"][3:] for r in ranks)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .auto_cast import AutoCastFeature
 from .curriculum import CurriculumFeature, CurriculumScheduler, scheduler_from_data_efficiency
+from .data_sampling import DataSamplingFeature
 from .flops_profile import FlopsProfileFeature
 from .layer_drop import LayerDropFeature, ProgressiveLayerDrop
 from .token_budget import TokenBudgetFeature
@@ -53,9 +54,12 @@ def _flops_profile(cfg):
 FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget, _flops_profile)
 
 
-def build_features(config) -> list:
-    """Dynamic batching and random-LTD, not built, are refused by the config itself."""
-    return [f for f in (make(config) for make in FEATURES) if f is not None]
+def build_features(config, training_loader=None) -> list:
+    """Dynamic batching and random-LTD, not built, are refused by the config itself. A training
+    loader that draws by the curriculum's metrics takes the curriculum's place."""
+    sampling = DataSamplingFeature(training_loader) if hasattr(training_loader, "data_sampler") else None
+    made = (sampling if make is _curriculum and sampling is not None else make(config) for make in FEATURES)
+    return [f for f in made if f is not None]
 
 
 __all__ = ["build_features", "CurriculumScheduler", "ProgressiveLayerDrop", "FEATURES"]

@@ -196,14 +196,16 @@ class CurriculumFeature(EngineFeature):
 
 
 def scheduler_from_data_efficiency(block) -> CurriculumScheduler:
-    """`data_efficiency.data_sampling.curriculum_learning` with one seqlen metric -> the same
-    scheduler (the sampler's curriculum_step also starts at 1 for the first batch)."""
+    """`data_efficiency.data_sampling.curriculum_learning` with one seqlen metric and no training
+    data -> the same scheduler (the sampler's curriculum_step also starts at 1 for the first
+    batch). With training data the curriculum sampler draws by every metric instead."""
     where = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
     metrics = block.curriculum_metrics or {}
     for metric in metrics:
         if metric not in SEQLEN_METRICS:
-            raise ConfigError(f"{where}.{metric}: metric not supported by zerotrain; only a sequence-length "
-                              f"curriculum ({' or '.join(SEQLEN_METRICS)}) is implemented")
+            raise ConfigError(f"{where}.{metric}: a curriculum by this metric draws the training samples: pass "
+                              f"initialize(training_data=...); without it only a sequence-length metric "
+                              f"({' or '.join(SEQLEN_METRICS)}) acts, by cutting each batch")
     if len(metrics) != 1:
         raise ConfigError(f"{where}: give exactly one of {', '.join(SEQLEN_METRICS)}")
     metric, spec = next(iter(metrics.items()))

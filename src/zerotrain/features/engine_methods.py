@@ -7,8 +7,11 @@ DeepSpeed script's `engine.get_pld_theta()` works whether or not the feature is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..engine.engine import Engine
 from .curriculum import CurriculumFeature
+from .data_sampling import DataSamplingFeature
 from .layer_drop import LayerDropFeature
 from .token_budget import TokenBudgetFeature
 
@@ -40,11 +43,31 @@ class FeatureMethods:
         return feature.pld.get_theta() if feature is not None else None
 
     def set_custom_curriculum_learning_schedule(self, fn) -> None:
-        """Curriculum learning with schedule_type "custom": difficulty = fn(step)."""
+        """Curriculum learning with schedule_type "custom": difficulty = fn(step); for the
+        data_efficiency curriculum a dict {metric: fn}, as DeepSpeed takes it."""
+        sampling = self.feature(DataSamplingFeature)
+        if sampling is not None:
+            sampler = sampling.sampler
+            if not isinstance(fn, Mapping):
+                raise TypeError("set_custom_curriculum_learning_schedule: the data_efficiency curriculum takes a "
+                                f"dict {{metric: fn}} (metrics: {', '.join(sampler.metrics)})")
+            sampler.set_custom_curriculum_learning_schedule(fn)
+            return
         feature = self.feature(CurriculumFeature)
         if feature is None:
             raise RuntimeError("set_custom_curriculum_learning_schedule: curriculum learning is not enabled")
+        if isinstance(fn, Mapping):  # data_efficiency's form for its one seqlen metric
+            fn = next(iter(fn.values()))
         feature.scheduler.set_custom_get_difficulty(fn)
+
+    def set_data_post_process_func(self, fn) -> None:
+        """fn(batch, sampler_state) -> batch, applied to each batch of the curriculum's training
+        loader (zerotrain.data.curriculum_loader has seqlen_truncate and seqlen_reshape)."""
+        sampling = self.feature(DataSamplingFeature)
+        if sampling is None:
+            raise RuntimeError("set_data_post_process_func: needs the data_efficiency curriculum on and "
+                               "initialize(training_data=...) (its loader applies the function)")
+        sampling.loader.post_process_func = fn
 
 
 class TrainingEngine(FeatureMethods, Engine):

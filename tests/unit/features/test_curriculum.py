@@ -266,7 +266,7 @@ def test_data_efficiency_seqlen_metric_is_the_same_scheduler():
 
 
 @pytest.mark.parametrize("metrics,match", [
-    ({"vocabularyrarity": metric()}, "vocabularyrarity: metric not supported"),
+    ({"vocabularyrarity": metric()}, "vocabularyrarity: a curriculum by this metric draws the training samples"),
     ({"seqlen": metric(difficulty_type="percentile")}, "percentile"),
     ({"seqlen": metric(), "seqlen_truncate": metric()}, "exactly one"),
 ])
@@ -391,8 +391,10 @@ def test_a_state_dict_is_a_copy():
 
 def test_data_efficiency_errors_name_their_own_path():
     where = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
-    cases = [({"vocabularyrarity": metric()}, f"{where}.vocabularyrarity: metric not supported by zerotrain; only a "
-                                              "sequence-length curriculum (seqlen or seqlen_truncate) is implemented"),
+    cases = [({"vocabularyrarity": metric()}, f"{where}.vocabularyrarity: a curriculum by this metric draws the "
+                                              "training samples: pass initialize(training_data=...); without it only "
+                                              "a sequence-length metric (seqlen or seqlen_truncate) acts, by cutting "
+                                              "each batch"),
              ({"seqlen": metric(), "seqlen_truncate": metric()}, f"{where}: give exactly one of seqlen, seqlen_truncate"),
              ({"seqlen": metric(difficulty_type="percentile")}, f"{where}.seqlen.difficulty_type: percentile is not "
                                                                 "supported for a sequence-length curriculum; use value"),
