@@ -21,6 +21,7 @@ from .features import build_features
 from .optim import adapt_client_optimizer, build_optimizer
 from .parallel.split import ModelSplit, plain_split
 from .parallel.mpu import mpu_split
+from .parallel.sequence.setup import sequence_parallel_size
 from .precision import build_loss_scaler, expose_loss_scale
 from .schedules import build_scheduler
 from .zero import build_strategy, is_partitioned
@@ -160,11 +161,15 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
 
 
-def _model_split(model, comm, mpu, tensor: int) -> ModelSplit:
+def _model_split(model, comm, mpu, tensor: int, sequence: int = 1) -> ModelSplit:
     """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
     from .parallel.pipeline.module import PipelineModule
     from .parallel.pipeline.setup import pipeline_parallel_split
+    from .parallel.sequence.setup import sequence_parallel_split
     from .parallel.tensor.setup import tensor_parallel_split
+
+    if sequence != 1:
+        return sequence_parallel_split(model, comm, sequence, mpu, tensor)
 
     if isinstance(model, PipelineModule):
         return pipeline_parallel_split(model, comm, mpu)
@@ -205,9 +210,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     state = init_parallel()
     _setup_logging(state.rank)
     comm = Comm(state)
-    split = _model_split(model, comm, mpu, tensor_parallel_size(config))
-    data = split.data_comm  # the batch triad and ZeRO count data-parallel ranks
-    cfg = load_config(config, world_size=data.world_size)
+    split = _model_split(model, comm, mpu, tensor_parallel_size(config), sequence_parallel_size(config))
+    data = split.data_comm  # ZeRO's ranks
+    batch = split.batch_comm or data  # the ranks that read different batches: the batch triad counts them
+    cfg = load_config(config, world_size=batch.world_size)
     _check_same_config(comm, cfg.raw)
     split.check(cfg)
     if state.rank == 0 and (line := config_notice(cfg)) and not summary.should_log():
@@ -257,10 +263,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         expose_loss_scale(torch_optimizer, scaler)
     loader = None
     if training_data is not None and curriculum_sampling_on(cfg):  # batches drawn by the metrics' difficulty
-        loader = build_curriculum_loader(training_data, cfg, data.rank, data.world_size, collate_fn=collate_fn)
+        loader = build_curriculum_loader(training_data, cfg, batch.rank, batch.world_size, collate_fn=collate_fn)
     elif training_data is not None:
-        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, data.rank,
-                                  data.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
+        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, batch.rank,
+                                  batch.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
     engine = split.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
                                 features=build_features(cfg, loader), training_dataloader=loader)
     for feature in engine.features:

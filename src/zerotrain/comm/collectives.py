@@ -300,6 +300,14 @@ class Comm:
         fn = _gloo_all_gather if self._gloo else _all_gather_flat
         return self._call("all_gather", fn, out, inp, async_op=async_op)
 
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """Chunk i of `inp` (world_size equal chunks along dim 0, contiguous) goes to rank i;
+        chunk i of `out` is what rank i sent here (sequence parallelism's head/sequence swap)."""
+        if self.alone:
+            out.copy_(inp)
+            return
+        self._call("all_to_all", dist.all_to_all_single, out, inp)
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         if not self.alone:
             self._call("broadcast", dist.broadcast, tensor, group_src=src)

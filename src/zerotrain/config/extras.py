@@ -96,7 +96,7 @@ class DeepSpeedExtras(Block):
     cuda_visible_devices: Any = no_effect(None, f"{_IGNORED}; set CUDA_VISIBLE_DEVICES in the environment")
     fp32_allreduce: Any = no_effect(None, f"{_IGNORED} since 0.3")
     vocabulary_size: Any = no_effect(None, "DeepSpeed only warns about it")
-    seq_parallel_communication_data_type: Any = no_effect(None, "there is no sequence parallelism")
+    seq_parallel_communication_data_type: Any = no_effect(None, "the sequence all-to-all runs in the training dtype")
     use_data_before_expert_parallelism: Any = no_effect(None, "there are no expert (MoE) layers")
     expert_parallel: Any = no_effect(None, "there are no expert (MoE) layers")
     # ---- refused unless off
@@ -105,8 +105,6 @@ class DeepSpeedExtras(Block):
                                         "block", ok=is_off, fix=_OFF)
     compile: Any = refused(None, "torch.compile of the engine (and DeepCompile) is not built; compile the model "
                                  "yourself before initialize", ok=is_off, fix=_OFF)
-    sequence_parallel_size: Any = refused(None, "sequence parallelism is not built",
-                                          ok=lambda v: v in (None, 1), fix=" or set it to 1")
     sparse_attention: Any = refused(None, "sparse attention changes the model and is not built (DeepSpeed 0.19.8 "
                                           "removed it too)", ok=is_off, fix=_OFF)
     compression_training: Any = refused(None, "compression training (quantization, pruning, layer reduction) "

@@ -216,6 +216,8 @@ class ZeroTrainConfig(DeepSpeedExtras):
     pipeline: PipelineConfig | None = acts(None, "Pipeline parallelism: schedule and DeepSpeed's pipeline keys.")
     tensor_parallel: TensorParallelConfig = acts(None, "Tensor parallelism (DeepSpeed's AutoTP keys).",
                                                  default_factory=TensorParallelConfig)
+    sequence_parallel_size: Int = acts(1, "Ulysses sequence parallelism: each rank of a group of this many holds "
+                                          "1/S of every sequence and 1/S of the attention heads.", ge=1)
     token_budget: TokenBudgetConfig | None = acts(None, "Token counting, token budget and token-based LR decay.",
                                                   ours="off (zerotrain's own block)")
     zero_allow_untested_optimizer: bool = no_effect(False, "every torch optimizer runs at every stage")

@@ -141,7 +141,11 @@ class Engine(torch.nn.Module):
         self.strategy.check_attached()
         self.strategy.begin_forward()
         with self._timers("forward"):
-            return self.module(*args, **kwargs)
+            return self.call_module(*args, **kwargs)
+
+    def call_module(self, *args, **kwargs):
+        """The model on this rank's inputs (a sequence-parallel engine cuts them first)."""
+        return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         if not torch.is_tensor(loss) or loss.numel() != 1:

@@ -32,6 +32,12 @@ def activation(name: str):
     return ACTIVATIONS[name]
 
 
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   dropout_p: float, causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v over (batch, heads, sequence, head_dim)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+
+
 class PreLNBlock(nn.Module):
     """`dropout` acts on the residual branches, `attn_dropout` (default: the same) on the attention
     probabilities; the feed-forward is n_embd -> n_inner (default 4 x n_embd) -> n_embd."""
@@ -50,6 +56,8 @@ class PreLNBlock(nn.Module):
         self.head_dim = n_embd // n_head
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.act = activation(act)
+        # the attention between the projections: sequence parallelism wraps it (parallel/sequence/)
+        self.core_attention = core_attention
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -57,7 +65,7 @@ class PreLNBlock(nn.Module):
         q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
         p = self.dropout if self.training else 0.0
         pa = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=pa, is_causal=self.causal)
+        y = self.core_attention(q, k, v, mask, pa, self.causal)
         x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)), p, self.training)
         return x + F.dropout(self.fc_out(self.act(self.fc(self.ln_2(x)))), p, self.training)
 

@@ -1,6 +1,6 @@
 """A GPT-2-style decoder (pre-LayerNorm, tied embeddings), small enough for CPU runs.
 
-`GPT(cfg)(input_ids, labels=None)` returns the mean next-token loss when labels are given
+`GPT(cfg)(input_ids, labels=None, position_ids=None)` returns the mean next-token loss when labels are given
 (labels are the inputs themselves; the shift happens inside), else the logits. The blocks
 are switchable: in training, `progressive_layer_drop=True, pld_theta=t` (what the engine
 passes with PLD on) skips blocks as zerotrain.layerdrop describes.
@@ -61,9 +61,11 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                progressive_layer_drop: bool = False, pld_theta: float | None = None):
+                progressive_layer_drop: bool = False, pld_theta: float | None = None,
+                position_ids: torch.Tensor | None = None):
         t = input_ids.shape[1]
-        pos = torch.arange(t, device=input_ids.device)
+        # a sequence-parallel shard passes its global positions
+        pos = torch.arange(t, device=input_ids.device) if position_ids is None else position_ids
         x = self.wte(input_ids) + self.wpe(pos)
         with self.blocks.dropping(pld_theta if progressive_layer_drop and self.training else None):
             for block in self.blocks:

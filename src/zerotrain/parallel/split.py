@@ -1,7 +1,8 @@
 """What initialize needs to know about how the ranks split the model.
 
 The plain case: every rank holds the whole model and ZeRO runs over the world. A pipeline
-(pipeline/setup.py), a tensor-parallel split (tensor/setup.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
+(pipeline/setup.py), a tensor-parallel split (tensor/setup.py), a sequence-parallel one
+(sequence/setup.py) or a Megatron-style mpu (mpu.py) says instead which data-parallel group ZeRO
 runs over, which model-parallel group the gradient norm spans (parallel/norm.py), what to do
 after the initial weights are broadcast, and which engine to build.
 """
@@ -28,6 +29,9 @@ class ModelSplit:
     #: parameters after_broadcast replaced (a tensor-parallel split): {id(old): new}, so the
     #: param groups and a client optimizer made before initialize train the new ones
     replaced: dict = field(default_factory=dict)
+    #: the Comm over the ranks that read different batches, when not data_comm's (sequence
+    #: ranks share each batch but ZeRO runs over them too): the batch sizes and the loader count it
+    batch_comm: object = None
 
     def wrap(self, strategy):
         if self.model_comm is None or self.model_comm.alone:

@@ -1,0 +1,3 @@
+"""Ulysses sequence parallelism: each rank holds 1/S of every sequence outside attention and 1/S
+of the heads inside it (ulysses.py: the all-to-all around the core attention; batch.py: the
+cut, the positions and the loss over the real labels; setup.py: the ranks and the engine)."""

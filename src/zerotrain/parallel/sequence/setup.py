@@ -1,0 +1,118 @@
+"""How initialize builds a sequence-parallel job: the ModelSplit (parallel/split.py) and the
+engine that cuts each batch by sequence.
+
+    world = data x sequence          rank = data x S + sequence (sequence fastest, as DeepSpeed)
+
+The S ranks of a sequence group read the same batch; each runs the model on its 1/S of every
+sequence (batch.py) and the attention on 1/S of the heads (ulysses.py). ZeRO 0-3 runs over all
+data x sequence ranks and averages gradients over both, as DeepSpeed's sequence-data group does:
+the parameters and their gradients are the same kind of replica along either dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...comm.mesh import subgroup_comms
+from ...config import read_config
+from ...errors import ConfigError, DataError
+from ...features.engine_methods import TrainingEngine
+from ..split import ModelSplit
+from . import batch as B
+from .ulysses import attach
+
+
+def sequence_parallel_size(config) -> int:
+    """`sequence_parallel_size` as the config gives it, read before the rest (the ranks are laid
+    out first); load_config validates the value."""
+    raw = read_config(config)
+    size = raw.get("sequence_parallel_size") if isinstance(raw, dict) else None
+    return 1 if size is None else size
+
+
+def _inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    kwargs = dict(kwargs)
+    ids = kwargs.pop("input_ids") if "input_ids" in kwargs else args[0] if args else None
+    labels = kwargs.pop("labels", args[1] if len(args) > 1 else None)
+    if ids is None or not torch.is_tensor(ids) or ids.dim() != 2 or len(args) > 2:
+        raise DataError("sequence_parallel_size: call the model with input_ids (batch, sequence) and "
+                        "optionally labels; other inputs go by keyword")
+    mask = kwargs.pop("attention_mask", None)
+    if mask is not None and not bool(mask.all()):
+        raise DataError("sequence_parallel_size: an attention mask with padding is not split by sequence; "
+                        "pad with -100 labels instead (the attention is causal)")
+    return ids, labels, kwargs
+
+
+class SequenceParallelEngine(TrainingEngine):
+    """Runs the model on this rank's piece of each sequence. With labels, the loss is the mean
+    over the real labels of the whole sequences (the model is called without labels and its
+    logits scored here); without, the logits of the whole sequences come back."""
+
+    sequence_comm = None
+
+    def call_module(self, *args, **kwargs):
+        seq = self.sequence_comm
+        ids, labels, rest = _inputs(args, kwargs)
+        rank, size, length = seq.rank, seq.world_size, ids.shape[1]
+        out = self.module(B.shard(ids, rank, size, 0), position_ids=B.positions(length, rank, size, ids.device),
+                          **rest)
+        logits = out.logits if hasattr(out, "logits") else out
+        if labels is None:
+            whole = _gather_sequence(logits, seq)[:, :length]
+            if hasattr(out, "logits"):
+                out["logits"] = whole
+                return out
+            return whole
+        targets = B.shard(B.shift_labels(labels), rank, size, B.IGNORE)
+        local, count = B.local_loss_sum(logits, targets)
+        stats = torch.stack((local.detach().double(), count.double()))
+        seq.all_reduce(stats)
+        loss = B.group_mean(local, stats[0].to(local.dtype), stats[1], size)
+        if hasattr(out, "logits"):
+            out["loss"] = loss
+            return out
+        return loss
+
+
+def _gather_sequence(piece: torch.Tensor, seq) -> torch.Tensor:
+    """(batch, T/S, ...) on every rank -> (batch, T, ...) in rank order (not differentiable)."""
+    piece = piece.detach().contiguous()
+    out = piece.new_empty((seq.world_size, *piece.shape))
+    seq.all_gather(out, piece)
+    return torch.cat(out.unbind(0), dim=1)
+
+
+def sequence_parallel_split(model: torch.nn.Module, comm, size: int, mpu=None, tensor: int = 1) -> ModelSplit:
+    world = comm.state.world_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"sequence_parallel_size {size!r}: should be a positive integer")
+    if world % size:
+        raise ConfigError(f"sequence_parallel_size {size}: the job has {world} process{'es' * (world > 1)}, not a "
+                          f"multiple of {size}; launch a multiple of {size} (torchrun --nproc_per_node) or change it")
+    if tensor > 1:
+        raise ConfigError("sequence_parallel_size with tensor_parallel: the two are not combined here; use one")
+    if mpu is not None:
+        raise ConfigError("sequence_parallel_size builds its own groups; do not pass mpu= with it")
+    if type(model).__name__ == "PipelineModule":
+        raise ConfigError("sequence_parallel_size with a PipelineModule: the two are not combined here; use one")
+    data = world // size
+    seq_lists = [[d * size + s for s in range(size)] for d in range(data)]
+    data_lists = [[d * size + s for d in range(data)] for s in range(size)]
+    seq_comm = next(c for c in subgroup_comms(comm.state, seq_lists) if c is not None)
+    batch_comm = next(c for c in subgroup_comms(comm.state, data_lists) if c is not None)
+    if attach(model, seq_comm) == 0:
+        raise ConfigError(f"sequence_parallel_size {size}: {type(model).__name__} has no attention zerotrain can "
+                          "split by heads (zerotrain's GPT blocks); set sequence_parallel_size to 1")
+
+    def check(cfg) -> None:
+        if cfg.pipeline is not None:
+            raise ConfigError("sequence_parallel_size with a pipeline block: the two are not combined here; use one")
+
+    def make_engine(*args, **kwargs):
+        engine = SequenceParallelEngine(*args, **kwargs)
+        engine.sequence_comm = seq_comm
+        engine.input_replica = seq_comm.rank > 0  # the sequence ranks of a data index read the same batch
+        return engine
+
+    return ModelSplit(comm, check=check, make_engine=make_engine, batch_comm=batch_comm)
