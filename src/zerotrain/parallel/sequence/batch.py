@@ -60,4 +60,4 @@ def group_mean(local_sum: torch.Tensor, total_sum: torch.Tensor, count: torch.Te
     sequence ranks' gradient mean then yields the gradient of the group mean."""
     count = count.clamp(min=1).to(local_sum.dtype)
     mine = local_sum * (size / count)
-    return mine + (total_sum / count - mine).detach()
+    return (total_sum / count).detach() + (mine - mine.detach())  # the value exactly the same on every rank

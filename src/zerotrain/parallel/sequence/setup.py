@@ -79,7 +79,7 @@ def _gather_sequence(piece: torch.Tensor, seq) -> torch.Tensor:
     """(batch, T/S, ...) on every rank -> (batch, T, ...) in rank order (not differentiable)."""
     piece = piece.detach().contiguous()
     out = piece.new_empty((seq.world_size, *piece.shape))
-    seq.all_gather(out, piece)
+    seq.all_gather(out.view(-1), piece.view(-1))
     return torch.cat(out.unbind(0), dim=1)
 
 

@@ -1,0 +1,89 @@
+"""Sequence-parallel runs for the distributed tests, and their one-process reference.
+
+zerotrain's GPT (4 heads, no biases) trains on sequences of 15 tokens (so S = 2 and 4 both
+pad) whose labels end in -100 at a different place in each row: the ranks of a sequence
+group hold different counts of real labels, some none. Every rank of a data index reads the
+same micro-batches; the reference trains the same model on one process with the whole global
+batch (accumulated), so each step's loss and norm and the final weights must agree.
+Module-level so spawned ranks can unpickle them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SEQ, VOCAB = 15, 64
+
+
+def gpt(heads: int = 4):
+    from zerotrain.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=8 * heads, n_layer=2, n_head=heads, bias=False))
+
+
+def config(global_size: int, micro: int, stage: int = 0, sequence: int = 1, curriculum: bool = False) -> dict:
+    cfg = {"train_batch_size": global_size, "train_micro_batch_size_per_gpu": micro, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "eps": 1e-4}},
+           "zero_optimization": {"stage": stage}, "token_budget": {"enabled": True}}
+    if sequence > 1:
+        cfg["sequence_parallel_size"] = sequence
+    if curriculum:  # lengths 5, 7, 9, 11, then 15
+        cfg["curriculum_learning"] = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 5,
+                                      "max_difficulty": SEQ, "schedule_type": "fixed_linear",
+                                      "schedule_config": {"total_curriculum_step": 5, "difficulty_step": 2}}
+    return cfg
+
+
+def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels): each row's labels are -100 from a random point on (2 to 15 real)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(0, VOCAB, (size, SEQ), generator=g)
+    real = torch.randint(2, SEQ + 1, (size, 1), generator=g)
+    labels = ids.masked_fill(torch.arange(SEQ) >= real, -100)
+    return ids, labels
+
+
+def train(cfg: dict, steps: int, heads: int = 4) -> dict:
+    """Train to `steps` optimizer steps on this world (one process: the reference)."""
+    import zerotrain
+
+    engine, *_ = zerotrain.initialize(model=gpt(heads), config=cfg)
+    seq = getattr(engine, "sequence_comm", None)
+    data_rank = engine.comm.rank // (seq.world_size if seq else 1)
+    data_world = engine.comm.world_size // (seq.world_size if seq else 1)
+    micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    losses, norms, tokens = [], [], []
+    while engine.global_steps < steps:
+        ids, labels = global_batch(engine.global_steps, micro * ga * data_world)
+        mine = slice(data_rank * micro * ga, (data_rank + 1) * micro * ga)
+        ids, labels = ids[mine], labels[mine]
+        total = 0.0
+        for m in range(ga):
+            loss = engine(ids[m * micro:(m + 1) * micro], labels=labels[m * micro:(m + 1) * micro])
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / ga
+        losses.append(total)
+        norms.append(engine.get_global_grad_norm())
+        tokens.append(engine.feature_value("tokens_consumed"))
+    engine.eval()
+    with torch.no_grad():  # in eval mode the logits of the whole sequences come back
+        logits = engine(global_batch(99, 2)[0])
+    engine.train()
+    return {"losses": losses, "norms": norms, "tokens": tokens, "logits": logits,
+            "params": {k: v.detach().clone() for k, v in engine.module_state_dict().items()}}
+
+
+def bad_input(case: str) -> str | None:
+    """The ConfigError's message for a bad input (None: none was raised)."""
+    import zerotrain
+    from zerotrain.errors import ConfigError
+
+    cases = {"heads": lambda: zerotrain.initialize(model=gpt(heads=3), config=config(4, 1, 0, sequence=2)),
+             "world": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=3))}
+    try:
+        cases[case]()
+    except ConfigError as e:
+        return str(e)
+    return None
