@@ -161,14 +161,14 @@ def _accumulation_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.data_types.grad_accum_dtype, torch.float32)
 
 
-def _model_split(model, comm, mpu, tensor: int, sequence: int = 1) -> ModelSplit:
+def _model_split(model, comm, mpu, tensor: int, sequence: int | None = None) -> ModelSplit:
     """Which ranks share the data (ZeRO's group) and which hold other parts of the model."""
     from .parallel.pipeline.module import PipelineModule
     from .parallel.pipeline.setup import pipeline_parallel_split
     from .parallel.sequence.setup import sequence_parallel_split
     from .parallel.tensor.setup import tensor_parallel_split
 
-    if sequence != 1:
+    if sequence not in (None, 1) or hasattr(mpu, "get_sequence_parallel_group"):
         return sequence_parallel_split(model, comm, sequence, mpu, tensor)
 
     if isinstance(model, PipelineModule):

@@ -1,6 +1,6 @@
 """Sequence-parallel runs for the distributed tests, and their one-process reference.
 
-zerotrain's GPT (4 heads, no biases) trains on sequences of 15 tokens (so S = 2 and 4 both
+zerotrain's GPT (4 heads, no biases) or an HF LLaMA (4 heads, 2 or 1 key/value heads) trains on sequences of 15 tokens (so S = 2 and 4 both
 pad) whose labels end in -100 at a different place in each row: the ranks of a sequence
 group hold different counts of real labels, some none. Every rank of a data index reads the
 same micro-batches; the reference trains the same model on one process with the whole global
@@ -44,11 +44,32 @@ def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-def train(cfg: dict, steps: int, heads: int = 4) -> dict:
-    """Train to `steps` optimizer steps on this world (one process: the reference)."""
-    import zerotrain
+def llama(kv_heads: int, core: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    engine, *_ = zerotrain.initialize(model=gpt(heads), config=cfg)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=16,
+                      initializer_range=0.2)  # attention far from uniform: positions matter
+    cfg._attn_implementation = core
+    return LlamaForCausalLM(cfg)
+
+
+def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: int = 0) -> dict:
+    """Train to `steps` optimizer steps on this world (one process: the reference). `hf`:
+    (key/value heads, core attention) of an HF LLaMA in place of the GPT; `alst`: S through
+    DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter)."""
+    import zerotrain
+    from zerotrain.parallel.sequence import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
+
+    model = gpt(heads) if hf is None else llama(*hf)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(model, hf[1], alst, 1, None, True) if alst else None
+    engine, *_ = zerotrain.initialize(model=model, config=cfg, mpu=mpu)
+    adapter = None
+    if alst:
+        adapter = UlyssesSPDataLoaderAdapter([], sp_rank=mpu.get_sequence_parallel_rank(),
+                                             sp_group=mpu.get_sequence_parallel_group(),
+                                             sp_world_size=mpu.get_sequence_parallel_world_size(), device="cpu")
     seq = getattr(engine, "sequence_comm", None)
     data_rank = engine.comm.rank // (seq.world_size if seq else 1)
     data_world = engine.comm.world_size // (seq.world_size if seq else 1)
@@ -60,17 +81,22 @@ def train(cfg: dict, steps: int, heads: int = 4) -> dict:
         ids, labels = ids[mine], labels[mine]
         total = 0.0
         for m in range(ga):
-            loss = engine(ids[m * micro:(m + 1) * micro], labels=labels[m * micro:(m + 1) * micro])
+            batch = {"input_ids": ids[m * micro:(m + 1) * micro], "labels": labels[m * micro:(m + 1) * micro]}
+            loss = engine(**(adapter.shard(batch) if adapter is not None else batch))
+            loss = loss if hf is None else loss.loss
             engine.backward(loss)
             engine.step()
             total += loss.item() / ga
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
         tokens.append(engine.feature_value("tokens_consumed"))
-    engine.eval()
-    with torch.no_grad():  # in eval mode the logits of the whole sequences come back
-        logits = engine(global_batch(99, 2)[0])
-    engine.train()
+    logits = None
+    if not alst:
+        engine.eval()
+        with torch.no_grad():  # in eval mode the logits of the whole sequences come back
+            logits = engine(input_ids=global_batch(99, 2)[0])
+        logits = logits if hf is None else logits.logits
+        engine.train()
     return {"losses": losses, "norms": norms, "tokens": tokens, "logits": logits,
             "params": {k: v.detach().clone() for k, v in engine.module_state_dict().items()}}
 

@@ -1,3 +1,8 @@
 """Ulysses sequence parallelism: each rank holds 1/S of every sequence outside attention and 1/S
 of the heads inside it (ulysses.py: the all-to-all around the core attention; batch.py: the
-cut, the positions and the loss over the real labels; setup.py: the ranks and the engine)."""
+cut, the positions and the loss over the real labels; setup.py: the ranks and the engine;
+hf.py: Hugging Face models under DeepSpeed's ALST names)."""
+
+from .hf import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
+
+__all__ = ["UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter"]

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import torch
 
-from ...comm.mesh import subgroup_comms
 from ...config import read_config
 from ...errors import ConfigError, DataError
 from ...features.engine_methods import TrainingEngine
 from ..split import ModelSplit
 from . import batch as B
+from .hf import SequenceParallelUnit, attach_hf, sequence_comms
 from .ulysses import attach
 
 
-def sequence_parallel_size(config) -> int:
-    """`sequence_parallel_size` as the config gives it, read before the rest (the ranks are laid
-    out first); load_config validates the value."""
+def sequence_parallel_size(config) -> int | None:
+    """`sequence_parallel_size` as the config gives it (None: not given), read before the rest
+    (the ranks are laid out first); load_config validates the value."""
     raw = read_config(config)
-    size = raw.get("sequence_parallel_size") if isinstance(raw, dict) else None
-    return 1 if size is None else size
+    return raw.get("sequence_parallel_size") if isinstance(raw, dict) else None
 
 
 def _inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
@@ -53,18 +52,29 @@ class SequenceParallelEngine(TrainingEngine):
 
     def call_module(self, *args, **kwargs):
         seq = self.sequence_comm
+        if "shift_labels" in kwargs:  # already cut (UlyssesSPDataLoaderAdapter): score the piece
+            kwargs = dict(kwargs)
+            targets = kwargs.pop("shift_labels")
+            kwargs.pop("labels", None)
+            return self._scored(self.module(*args, **kwargs), targets)
         ids, labels, rest = _inputs(args, kwargs)
         rank, size, length = seq.rank, seq.world_size, ids.shape[1]
-        out = self.module(B.shard(ids, rank, size, 0), position_ids=B.positions(length, rank, size, ids.device),
-                          **rest)
-        logits = out.logits if hasattr(out, "logits") else out
+        positions = B.positions(length, rank, size, ids.device).unsqueeze(0)
+        out = self.module(input_ids=B.shard(ids, rank, size, 0), position_ids=positions, **rest)
         if labels is None:
+            logits = out.logits if hasattr(out, "logits") else out
             whole = _gather_sequence(logits, seq)[:, :length]
             if hasattr(out, "logits"):
                 out["logits"] = whole
                 return out
             return whole
-        targets = B.shard(B.shift_labels(labels), rank, size, B.IGNORE)
+        return self._scored(out, B.shard(B.shift_labels(labels), rank, size, B.IGNORE))
+
+    def _scored(self, out, targets: torch.Tensor):
+        """The model's output with the group's mean loss over the real labels (`targets`: this
+        rank's piece of the shifted labels)."""
+        seq, size = self.sequence_comm, self.sequence_comm.world_size
+        logits = out.logits if hasattr(out, "logits") else out
         local, count = B.local_loss_sum(logits, targets)
         stats = torch.stack((local.detach().double(), count.double()))
         seq.all_reduce(stats)
@@ -83,27 +93,27 @@ def _gather_sequence(piece: torch.Tensor, seq) -> torch.Tensor:
     return torch.cat(out.unbind(0), dim=1)
 
 
-def sequence_parallel_split(model: torch.nn.Module, comm, size: int, mpu=None, tensor: int = 1) -> ModelSplit:
-    world = comm.state.world_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"sequence_parallel_size {size!r}: should be a positive integer")
-    if world % size:
-        raise ConfigError(f"sequence_parallel_size {size}: the job has {world} process{'es' * (world > 1)}, not a "
-                          f"multiple of {size}; launch a multiple of {size} (torchrun --nproc_per_node) or change it")
+def sequence_parallel_split(model: torch.nn.Module, comm, size: int | None, mpu=None, tensor: int = 1) -> ModelSplit:
+    """`size` None: the mpu's (register_with_transformers)."""
     if tensor > 1:
         raise ConfigError("sequence_parallel_size with tensor_parallel: the two are not combined here; use one")
-    if mpu is not None:
-        raise ConfigError("sequence_parallel_size builds its own groups; do not pass mpu= with it")
     if type(model).__name__ == "PipelineModule":
         raise ConfigError("sequence_parallel_size with a PipelineModule: the two are not combined here; use one")
-    data = world // size
-    seq_lists = [[d * size + s for s in range(size)] for d in range(data)]
-    data_lists = [[d * size + s for d in range(data)] for s in range(size)]
-    seq_comm = next(c for c in subgroup_comms(comm.state, seq_lists) if c is not None)
-    batch_comm = next(c for c in subgroup_comms(comm.state, data_lists) if c is not None)
-    if attach(model, seq_comm) == 0:
-        raise ConfigError(f"sequence_parallel_size {size}: {type(model).__name__} has no attention zerotrain can "
-                          "split by heads (zerotrain's GPT blocks); set sequence_parallel_size to 1")
+    if mpu is not None:  # register_with_transformers made the groups and routed the attention
+        if not isinstance(mpu, SequenceParallelUnit):
+            raise ConfigError("sequence_parallel_size builds its own groups; pass no mpu= with it, or the one "
+                              "UlyssesSPAttentionHF.register_with_transformers returns")
+        if size not in (None, mpu.sequence.world_size):
+            raise ConfigError(f"sequence_parallel_size {size} in the config, {mpu.sequence.world_size} in the mpu "
+                              "register_with_transformers returned; make them equal or drop the key")
+        seq_comm, batch_comm = mpu.sequence, mpu.data
+    else:
+        unit = sequence_comms(size)
+        seq_comm, batch_comm = unit.sequence, unit.data
+        if attach(model, seq_comm) == 0 and not attach_hf(model, seq_comm):
+            raise ConfigError(f"sequence_parallel_size {size}: {type(model).__name__} has no attention zerotrain can "
+                              "split by heads (zerotrain's GPT, a transformers model); set sequence_parallel_size "
+                              "to 1")
 
     def check(cfg) -> None:
         if cfg.pipeline is not None:
