@@ -107,7 +107,9 @@ def bad_input(case: str) -> str | None:
     from zerotrain.errors import ConfigError
 
     cases = {"heads": lambda: zerotrain.initialize(model=gpt(heads=3), config=config(4, 1, 0, sequence=2)),
-             "world": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=3))}
+             "world": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=3)),
+             "tensor": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=2)
+                                                    | {"tensor_parallel": {"autotp_size": 2}})}
     try:
         cases[case]()
     except ConfigError as e:
