@@ -60,6 +60,7 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
     (key/value heads, core attention) of an HF LLaMA in place of the GPT; `alst`: S through
     DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter)."""
     import zerotrain
+    from zerotrain.features.engine_methods import tokens_consumed
     from zerotrain.parallel.sequence import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
 
     model = gpt(heads) if hf is None else llama(*hf)
@@ -89,7 +90,7 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
             total += loss.item() / ga
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
-        tokens.append(engine.feature_value("tokens_consumed"))
+        tokens.append(tokens_consumed(engine))
     logits = None
     if not alst:
         engine.eval()
