@@ -55,10 +55,12 @@ def llama(kv_heads: int, core: str):
     return LlamaForCausalLM(cfg)
 
 
-def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: int = 0) -> dict:
+def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: int = 0,
+          save: tuple | None = None, load: str | None = None) -> dict:
     """Train to `steps` optimizer steps on this world (one process: the reference). `hf`:
     (key/value heads, core attention) of an HF LLaMA in place of the GPT; `alst`: S through
-    DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter)."""
+    DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter);
+    save = (dir, after_step); load: a checkpoint to continue from."""
     import zerotrain
     from zerotrain.features.engine_methods import tokens_consumed
     from zerotrain.parallel.sequence import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
@@ -66,6 +68,8 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
     model = gpt(heads) if hf is None else llama(*hf)
     mpu = UlyssesSPAttentionHF.register_with_transformers(model, hf[1], alst, 1, None, True) if alst else None
     engine, *_ = zerotrain.initialize(model=model, config=cfg, mpu=mpu)
+    if load is not None:
+        engine.load_checkpoint(load)
     adapter = None
     if alst:
         adapter = UlyssesSPDataLoaderAdapter([], sp_rank=mpu.get_sequence_parallel_rank(),
@@ -91,6 +95,8 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
         losses.append(total)
         norms.append(engine.get_global_grad_norm())
         tokens.append(tokens_consumed(engine))
+        if save is not None and engine.global_steps == save[1]:
+            engine.save_checkpoint(save[0])
     logits = None
     if not alst:
         engine.eval()

@@ -7,6 +7,7 @@ ranks of a group hold different counts of real labels; fp32, clipping at 1.0 (ac
 per-step losses, the gradient norms and the final weights must equal the one-process run's
 within 1e-5, at ZeRO 0 and 3, for zerotrain's GPT and an HF LLaMA (through the config key
 and through DeepSpeed's ALST names); one run has a sequence-length curriculum (odd lengths: padded).
+A checkpoint saved at S = 2 (ZeRO 1) resumes in one process.
 AdamW's eps is 1e-4 (sp_scenarios.py): with torch's 1e-8, an element whose gradient is zero but
 for rounding moves a full learning-rate step either way, so its weight would differ by 2 x lr
 between any two orders of summation (measured: 5 elements in 2048 at 2.4e-4 of the largest
@@ -42,8 +43,9 @@ def _global(data: int) -> int:
     return MICRO * GA * data
 
 
-def two_rank_cases() -> dict:
+def two_rank_cases(tmp: str) -> dict:
     return {"stage0": ss.train(ss.config(_global(1), MICRO, 0, sequence=2, curriculum=True), STEPS),
+            "saved": ss.train(ss.config(_global(1), MICRO, 1, sequence=2), STEPS, save=(f"{tmp}/ckpt", 2)),
             "stage3": ss.train(ss.config(_global(1), MICRO, 3, sequence=2), STEPS),
             # an HF LLaMA: one key/value head (repeated for the 2 ranks) through the config key, sdpa;
             # two through DeepSpeed's names (the mpu, the loader adapter's pieces), eager
@@ -52,8 +54,12 @@ def two_rank_cases() -> dict:
             "errors": {case: ss.bad_input(case) for case in ("heads", "world", "tensor")}}
 
 
-def test_sequence_parallel_matches_one_process(world2):
-    ranks = world2.run(two_rank_cases, timeout=300)
+def test_sequence_parallel_matches_one_process(world2, tmp_path):
+    ranks = world2.run(two_rank_cases, str(tmp_path), timeout=300)
+    # saved at S = 2 after step 2, resumed by one process: the last steps as the S = 2 run's
+    resumed = ss.train(ss.config(_global(1), MICRO, 1), STEPS, load=f"{tmp_path}/ckpt")
+    assert resumed["losses"] == pytest.approx(ranks[0]["saved"]["losses"][2:], rel=1e-5)
+    assert resumed["norms"] == pytest.approx(ranks[0]["saved"]["norms"][2:], rel=1e-5)
     _check([r["stage0"] for r in ranks], ss.train(ss.config(_global(1), MICRO, 0, curriculum=True), STEPS), 2)
     _check([r["stage3"] for r in ranks], ss.train(ss.config(_global(1), MICRO, 0), STEPS), 2)
     _check([r["llama_kv1"] for r in ranks], ss.train(ss.config(_global(1), MICRO, 0), STEPS, hf=(1, "sdpa")), 2)
