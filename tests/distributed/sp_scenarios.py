@@ -112,9 +112,13 @@ def bad_input(case: str) -> str | None:
     """The ConfigError's message for a bad input (None: none was raised)."""
     import zerotrain
     from zerotrain.errors import ConfigError
+    from zerotrain.models import BertConfig, PreLNBertMLM
 
     cases = {"heads": lambda: zerotrain.initialize(model=gpt(heads=3), config=config(4, 1, 0, sequence=2)),
              "world": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=3)),
+             "encoder": lambda: zerotrain.initialize(model=PreLNBertMLM(BertConfig(vocab_size=VOCAB, n_embd=32,
+                                                                                  n_layer=1)),
+                                                     config=config(4, 1, 0, sequence=2)),
              "tensor": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=2)
                                                     | {"tensor_parallel": {"autotp_size": 2}})}
     try:

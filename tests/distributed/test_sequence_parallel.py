@@ -51,7 +51,7 @@ def two_rank_cases(tmp: str) -> dict:
             # two through DeepSpeed's names (the mpu, the loader adapter's pieces), eager
             "llama_kv1": ss.train(ss.config(_global(1), MICRO, 3, sequence=2), STEPS, hf=(1, "sdpa")),
             "llama_alst": ss.train(ss.config(_global(1), MICRO, 0), STEPS, hf=(2, "eager"), alst=2),
-            "errors": {case: ss.bad_input(case) for case in ("heads", "world", "tensor")}}
+            "errors": {case: ss.bad_input(case) for case in ("heads", "world", "tensor", "encoder")}}
 
 
 def test_sequence_parallel_matches_one_process(world2, tmp_path):
@@ -70,6 +70,7 @@ def test_sequence_parallel_matches_one_process(world2, tmp_path):
                                           "not a multiple of 2")
         assert errors["world"].startswith("sequence_parallel_size 3: the job has 2 processes, not a multiple of 3")
         assert errors["tensor"].startswith("sequence_parallel_size with tensor_parallel: the two are not combined")
+        assert errors["encoder"].startswith("sequence_parallel_size 2: PreLNBertMLM is not a causal decoder")
         assert all("\n" not in e for e in errors.values())
 
 

@@ -85,6 +85,10 @@ def attach_hf(model: torch.nn.Module, comm, core: str | None = None) -> bool:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation") or not hasattr(config, "num_attention_heads"):
         return False
+    attentions = [m for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    if not attentions or not all(m.is_causal for m in attentions):  # the loss is next-token (labels shifted)
+        raise ConfigError(f"sequence_parallel_size {comm.world_size}: {type(model).__name__} is not a causal "
+                          "decoder; sequence parallelism splits zerotrain's GPT and HF decoders")
     check_heads(config, comm.world_size)
     from transformers import AttentionInterface
 

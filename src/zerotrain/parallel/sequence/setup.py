@@ -122,7 +122,9 @@ def sequence_parallel_split(model: torch.nn.Module, comm, size: int | None, mpu=
     def make_engine(*args, **kwargs):
         engine = SequenceParallelEngine(*args, **kwargs)
         engine.sequence_comm = seq_comm
-        engine.input_replica = seq_comm.rank > 0  # the sequence ranks of a data index read the same batch
+        # the engine's cut: the sequence ranks of a data index read the same batch (count it once);
+        # the adapter's pieces are each rank's own
+        engine.input_replica = mpu is None and seq_comm.rank > 0
         return engine
 
     return ModelSplit(comm, check=check, make_engine=make_engine, batch_comm=batch_comm)

@@ -65,6 +65,9 @@ def attach(model: torch.nn.Module, comm) -> int:
     size = comm.world_size
     blocks = [m for m in model.modules() if callable(getattr(m, "core_attention", None))]
     for block in blocks:
+        if not getattr(block, "causal", True):  # the engine's loss is next-token (labels shifted)
+            raise ConfigError(f"sequence_parallel_size {size}: {type(model).__name__} is not a causal decoder; "
+                              "sequence parallelism splits zerotrain's GPT and HF decoders")
         heads = getattr(block, "n_head", None)
         if heads is None or heads % size:
             raise ConfigError(f"sequence_parallel_size {size}: the model has {heads} attention heads per layer, "
