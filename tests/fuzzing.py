@@ -32,11 +32,12 @@ class Violation(AssertionError):
 
 
 def one_line(err: BaseException | None) -> bool:
-    """An error a user sees is one non-empty line (None: nothing was raised, nothing to show)."""
+    """An error a user sees is one non-empty line per problem (None: nothing was raised, nothing
+    to show); a config's problems come together, one line each (config/loader.py `collected`)."""
     if err is None:
         return True
-    message = str(err)
-    return bool(message.strip()) and "\n" not in message and "\r" not in message
+    lines = getattr(err, "problems", None) or [str(err)]
+    return all(bool(m.strip()) and "\n" not in m and "\r" not in m for m in lines)
 
 
 # ---- inputs both targets meet: hostile bytes -------------------------------------------------

@@ -7,8 +7,10 @@
 
 "auto" values the trainer fills are shown with `zerotrain train`'s defaults; stage 3's two
 model-derived values are measured at initialize. Keys refused by name are listed with the
-reason, and the command then exits 2 with the first one; any other mistake in the file is
-the usual one line and exit 2.
+reason, and the command then exits 2 with the first one; any other mistakes in the file are
+reported together, one line each, and exit 2. The batch triad is resolved from the file alone
+for --world_size data-parallel ranks, by DeepSpeed's rules (config/batch.py): no trainer
+option is assumed where the file gives its numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 
 from ..config import TRAINER_FILLS, load_config, read_config
 from ..config.base import REFUSED, field_class
-from ..config.loader import _model_at, spellings
+from ..config.loader import _model_at, problems_of, spellings
 from ..config.report import notice, rows
 from ..errors import ConfigError
 
@@ -30,12 +32,19 @@ def add_arguments(parser) -> None:
 
 
 def _trainer_values(raw: dict, world_size: int) -> dict:
-    """What `zerotrain train` would write over this file's "auto" values at its defaults."""
+    """What `zerotrain train` would write over this file's "auto" values at its defaults. The
+    batch numbers the file gives are never overridden: the trainer resolves the triad by
+    DeepSpeed's rules from them (config/batch.py), so the file is checked for `world_size`
+    processes as it stands. A file the trainer refuses fills nothing: load_config then names
+    its problems."""
     from ..trainer.args import TrainingArguments
     from ..trainer.ds_config import build_deepspeed_config
 
     args = TrainingArguments(output_dir=".", deepspeed=copy.deepcopy(raw))
-    built = build_deepspeed_config(args, set(), world_size, None, 1024).config  # block_size: its usual default
+    try:
+        built = build_deepspeed_config(args, set(), world_size, None, 1024).config  # block_size: its usual default
+    except ConfigError:
+        return {}
     values = {}
     for path in _autos(raw):
         value = _get(built, path)
@@ -85,15 +94,16 @@ def resolve(path: str, world_size: int) -> tuple[list[tuple[str, str, str]], lis
     """(rows, refusals as "key: reason", notice line) for the config file at `path`."""
     raw = read_config(path)
     data, refusals = copy.deepcopy(raw), []
-    for _ in range(64):  # each pass sets one refused key aside
+    for _ in range(64):  # each pass sets the refused keys it met aside
         try:
             cfg = load_config(data, world_size=world_size, auto_values=_trainer_values(data, world_size))
             break
         except ConfigError as err:
-            key = _refused_key(str(err))
-            if key is None or _drop(data, key) is None:
+            problems = problems_of(err)
+            refused = [p for p in problems if _refused_key(p) is not None]
+            if len(refused) < len(problems) or not all(_drop(data, _refused_key(p)) is not None for p in refused):
                 raise
-            refusals.append(str(err))
+            refusals += refused
     else:  # pragma: no cover - a config with more than 64 refused keys
         raise ConfigError(f"{path}: too many refused keys")
     table = [(k, v, s) for k, v, s in rows(cfg)] + [(r.split(":", 1)[0], "", "refused:" + r.split(":", 1)[1])

@@ -18,7 +18,8 @@ from .data_efficiency import (
     ScheduleConfig,
 )
 from .extras import DeepSpeedExtras
-from .loader import load_config, resolve_batch_sizes, tensor_parallel_size
+from .batch import resolve_batch_sizes
+from .loader import load_config, tensor_parallel_size
 from .reader import read_config
 from .schema import (
     BF16Config,

@@ -2,13 +2,15 @@
 
 Order of work: read (reader.py, the one reader) -> set comment keys aside -> unknown keys
 (a typo is reported as one, with a did-you-mean, even when its value is "auto") -> fill
-"auto" (auto.py, the one filler) -> pydantic -> batch triad (needs the world size). Every
-failure is one `ConfigError` line that names the dotted key, so users never see a pydantic
-traceback.
+"auto" (auto.py, the one filler) -> pydantic -> batch triad (batch.py; needs the world size).
+Every problem is one line that names the dotted key, so users never see a pydantic
+traceback; the problems of one file are collected and raised together in one `ConfigError`
+(every unknown key, every bad value and the batch triad), not one per run.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import typing
@@ -18,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError, did_you_mean
 from .auto import fill_auto
+from .batch import TRIAD as _TRIAD
+from .batch import resolve_batch_sizes
 from .base import NO_EFFECT, field_class
 from .reader import read_config
 from .schema import FieldProblem, ZeroTrainConfig, spellings, valid_keys
@@ -38,7 +42,6 @@ _SHORT_REASONS = {
     "string_type": "should be a string",
     "list_type": "should be a list",
 }
-_TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys whose contents nothing reads: "auto" inside them is left alone.
 _OPAQUE = tuple(name for name, info in ZeroTrainConfig.model_fields.items()
                 if field_class(info).get("effect") == NO_EFFECT and info.annotation is Any)
@@ -56,15 +59,28 @@ def load_config(
     raw = read_config(config)
     comments: list[str] = []
     data = _without_comments(raw, "", comments)
-    _check_keys(data, ZeroTrainConfig, ())
+    unknown = _unknown_keys(data, ZeroTrainConfig, ())
+    problems = [line for _, line in unknown]
+    data = _without(data, [loc for loc, _ in unknown])
     autos: dict[str, str] = {}
-    data = fill_auto(data, auto_values, sources=autos, opaque=_OPAQUE)  # new containers; raw stays as given
+    try:
+        data = fill_auto(data, auto_values, sources=autos, opaque=_OPAQUE)  # new containers; raw stays as given
+    except ConfigError as err:
+        raise collected(problems + [str(err)]) from None
+    cfg = None
     try:
         cfg = ZeroTrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc)) from None
-    triad = resolve_batch_sizes(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
-                                cfg.gradient_accumulation_steps, world_size)
+        problems += _explain_all(exc.errors(), _misspelt(unknown))
+    given = [data.get(name) for name in _TRIAD] if cfg is None else [getattr(cfg, name) for name in _TRIAD]
+    triad = None
+    if all(v is None or isinstance(v, int) and not isinstance(v, bool) for v in given):  # else named above
+        try:
+            triad = resolve_batch_sizes(*given, world_size)
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise collected(problems)
     for name, value in zip(_TRIAD, triad):
         if name in cfg.given:
             setattr(cfg, name, value)
@@ -72,6 +88,22 @@ def load_config(
             cfg.settle(name, value, f"derived: train_batch_size = micro batch x accumulation x world size {world_size}")
     cfg._raw, cfg._comments, cfg._autos = raw, comments, autos
     return cfg
+
+
+def collected(problems: list[str]) -> ConfigError:
+    """One error for all the problems of a config: the line itself when there is one, else a
+    count and one indented line each. `problems` stays on the error for callers that sort
+    them (`zerotrain config` sets refused keys aside)."""
+    text = problems[0] if len(problems) == 1 else \
+        f"{len(problems)} problems in the DeepSpeed config:\n" + "\n".join(f"  {p}" for p in problems)
+    err = ConfigError(text)
+    err.problems = list(problems)
+    return err
+
+
+def problems_of(err: ConfigError) -> list[str]:
+    """The lines of a ConfigError: those `collected` kept, else its one message."""
+    return list(getattr(err, "problems", None) or [str(err)])
 
 
 def tensor_parallel_size(config: dict | str | os.PathLike) -> int:
@@ -89,8 +121,15 @@ def tensor_parallel_size(config: dict | str | os.PathLike) -> int:
 
 
 def check_keys(config: dict) -> None:
-    """Raise the ConfigError load_config would raise for the first unknown key."""
-    _check_keys(_without_comments(config, "", []), ZeroTrainConfig, ())
+    """Raise the ConfigError load_config would raise for the unknown keys (all of them)."""
+    lines = unknown_keys(config)
+    if lines:
+        raise collected(lines)
+
+
+def unknown_keys(config: dict) -> list[str]:
+    """One line per unknown key of `config`, with a did-you-mean."""
+    return [line for _, line in _unknown_keys(_without_comments(config, "", []), ZeroTrainConfig, ())]
 
 
 def _without_comments(node: Any, path: str, found: list[str]) -> Any:
@@ -109,65 +148,91 @@ def _without_comments(node: Any, path: str, found: list[str]) -> Any:
     return node
 
 
-def _check_keys(node: Any, model: type[BaseModel], loc: tuple) -> None:
-    """Unknown keys first, before "auto" is looked at, so a misspelt "auto" key is named."""
+def _unknown_keys(node: Any, model: type[BaseModel], loc: tuple) -> list[tuple[tuple, str]]:
+    """Unknown keys first, before "auto" is looked at, so a misspelt "auto" key is named.
+    (location, line) for each, in the file's order."""
     if not isinstance(node, dict):
-        return
+        return []
+    found = []
     for key, value in node.items():
         field = next((n for n in model.model_fields if key in spellings(n, model)), None)
         if field is None:
-            raise ConfigError(f"{_dotted(loc + (key,))}: unknown key{did_you_mean(str(key), valid_keys(model))}")
+            hint = did_you_mean(str(key), valid_keys(model))
+            found.append((loc + (key,), f"{_dotted(loc + (key,))}: unknown key{hint}"))
+            continue
         inner, via_dict = _inner_model(model.model_fields[field].annotation)
         if inner is None:
             continue
         if via_dict and isinstance(value, dict):
             for name, sub in value.items():
-                _check_keys(sub, inner, loc + (key, name))
+                found += _unknown_keys(sub, inner, loc + (key, name))
         else:
-            _check_keys(value, inner, loc + (key,))
+            found += _unknown_keys(value, inner, loc + (key,))
+    return found
 
 
-# --------------------------------------------------------------------------- batch triad
-
-
-def resolve_batch_sizes(tb: int | None, mb: int | None, ga: int | None, world_size: int) -> tuple[int, int, int]:
-    """Fill the missing batch numbers (spec section 5) and check TB == MB x GA x world size."""
-    for name, value in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
-                        ("gradient_accumulation_steps", ga)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{name}: should be a positive integer, got {value}")
-    ws = world_size
-    if tb is None and mb is None:
-        raise ConfigError("train_batch_size or train_micro_batch_size_per_gpu is needed; give one of them")
-    if tb is not None and mb is not None and ga is None:
-        ga = (tb // mb) // ws
-    elif tb is not None and ga is not None and mb is None:
-        mb = (tb // ws) // ga
-    elif mb is not None and ga is not None and tb is None:
-        tb = mb * ga * ws
-    elif mb is None:
-        ga, mb = 1, tb // ws
-    elif tb is None:
-        tb, ga = mb * ws, 1
-    if mb <= 0 or ga <= 0:
-        name, value = ("train_micro_batch_size_per_gpu", mb) if mb <= 0 else ("gradient_accumulation_steps", ga)
-        raise ConfigError(
-            f"{name} works out to {value} from train_batch_size {tb}, world size {ws}"
-            f" and the other batch settings; raise train_batch_size or set {name} yourself")
-    if tb != mb * ga * ws:
-        raise ConfigError(
-            f"batch sizes disagree: train_batch_size {tb} != train_micro_batch_size_per_gpu {mb}"
-            f" x gradient_accumulation_steps {ga} x world size {ws} = {mb * ga * ws}")
-    return tb, mb, ga
+def _without(node: Any, locs: list[tuple]) -> Any:
+    """A copy of `node` without the keys at `locs` (the unknown ones, already named)."""
+    if not locs:
+        return node
+    out = dict(node)
+    for loc in locs:
+        parent = out
+        for part in loc[:-1]:
+            parent[part] = dict(parent[part])
+            parent = parent[part]
+        parent.pop(loc[-1], None)
+    return out
 
 
 # --------------------------------------------------------------------------- error text
 
 
-def _explain(exc: ValidationError) -> str:
-    """One line for the most useful pydantic error; unknown keys first (they cause the rest)."""
-    errors = exc.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+def file_problems(config: dict) -> list[str]:
+    """Every unknown key and bad value of `config`, one line each, leaving aside what needs
+    the run (the batch triad, the values "auto" stands for): what a caller that fails for
+    another reason reports beside its own line, so one run names every mistake in the file."""
+    data = _without_comments(config, "", [])
+    unknown = _unknown_keys(data, ZeroTrainConfig, ())
+    data = fill_auto(_without(data, [loc for loc, _ in unknown]), keep_unfilled=True, opaque=_OPAQUE)
+    try:
+        ZeroTrainConfig.model_validate(data)
+        errors = []
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if e.get("input") != "auto"]
+    return [line for _, line in unknown] + _explain_all(errors, _misspelt(unknown))
+
+
+def _misspelt(unknown: list[tuple[tuple, str]]) -> set[tuple]:
+    """The key each unknown one was probably meant to be (its did-you-mean), by location."""
+    return {loc[:-1] + (m,) for loc, _ in unknown
+            for m in difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1)}
+
+
+def _explain_all(errors: list[dict], misspelt: set[tuple] = frozenset()) -> list[str]:
+    """One line per key pydantic rejected (the first of its complaints: a union's members
+    each complain about the same value), unknown keys first. A key missing only because it
+    was misspelt (`misspelt`: the did-you-mean of each unknown key) is not named twice."""
+    lines, seen = [], set()
+    errors = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")
+    for error in errors:
+        loc = tuple(error["loc"])
+        if any(loc == s or s and loc[:len(s)] == s or loc and s[:len(loc)] == loc for s in seen):
+            continue
+        seen.add(loc)
+        if error["type"] == "missing" and loc in misspelt:
+            continue
+        lines.append(_explain(error))
+    return lines
+
+
+def _keys_at(loc: tuple) -> list[str]:
+    model = _model_at(loc)
+    return valid_keys(model) if model is not None else []
+
+
+def _explain(first: dict) -> str:
+    """One line for one pydantic error."""
     loc = tuple(first["loc"])
     if first["type"] == "extra_forbidden":
         parent = _model_at(loc[:-1])

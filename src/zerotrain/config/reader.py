@@ -97,7 +97,7 @@ def _hjson(text: str, where: str, strict: json.JSONDecodeError) -> Any:
         raise ConfigError(f"{where}: key {exc.args[0]!r} appears twice in one object; keep one") from None
     except RecursionError:
         raise ConfigError(f"{where}: invalid JSON: nested too deeply") from None
-    except (hjson.HjsonDecodeError, ValueError, IndexError):
+    except (hjson.HjsonDecodeError, ValueError, IndexError, OverflowError):  # hjson: 1e310 -> int(inf)
         # hjson's own messages are vaguer than json's about where the text is broken
         raise ConfigError(f"{where}:{strict.lineno}:{strict.colno}: invalid JSON: {strict.msg}") from None
     return _plain(data)

@@ -2,8 +2,7 @@
 
     --deepspeed ds.json  (or none: an empty config; read by config.read_config, the reader
                           zerotrain.initialize uses too)
-        key absent        -> the option's value is written in (gradient_accumulation_steps, unless
-                             set: train_batch_size / (micro batch x processes), DeepSpeed's triad)
+        key absent        -> the option's value is written in
         key "auto"        -> the option's value, through config.fill_auto (the one filler)
         key = value       -> must agree with the option if the user set that option,
                              otherwise the DeepSpeed value wins and the run uses it:
@@ -12,7 +11,14 @@
 The values only the model and the data know (the hidden size behind HF's "auto" bucket sizes,
 the curriculum's "auto" maximum) are filled here when given, or later by `fill_model_sizes`.
 
-Every disagreement is listed in one ConfigError line. The scheduler block, if present,
+The batch triad is resolved by DeepSpeed's rules (config/batch.py, the resolver
+zerotrain.initialize and `zerotrain config` use): the file's numbers and the options the user
+set are the givens, and an option left at its HF default fills in only when the file gives
+neither train_batch_size nor the micro batch. So {"train_batch_size": 16,
+"gradient_accumulation_steps": 1} runs a micro batch of 16 on one process, 4 on four.
+
+Every disagreement is listed in one ConfigError line, with the file's unknown keys and bad
+values beside it. The scheduler block, if present,
 replaces lr_scheduler_type (HF does the same), with its "auto" warmup / total filled in
 (a warmup of 0 means no warmup). "auto" left inside fp16, bf16 and zero_optimization means
 the default, as in DeepSpeed.
@@ -26,7 +32,8 @@ from dataclasses import dataclass, field
 
 from ..config import autos_left, fill_auto, read_config
 from ..config.auto import unfilled_message
-from ..config.loader import check_keys
+from ..config.batch import TRIAD, derive_batch_sizes, resolve_batch_sizes
+from ..config.loader import check_keys, collected, file_problems
 from ..errors import ConfigError
 from .token_options import merge_token_budget
 
@@ -87,7 +94,8 @@ def _same(a, b) -> bool:
 class _Filler:
     def __init__(self, args, explicit: set[str], adopt):
         self.args, self.explicit, self.adopt = args, explicit, adopt
-        self.conflicts: list[str] = []
+        self.conflicts: list[str] = []  # the file against options the user set
+        self.problems: list[str] = []  # the file against itself (its batch numbers)
 
         self.autos: dict[str, object] = {}  # dotted key -> option value, for fill_auto
 
@@ -185,21 +193,8 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     if tensor != args.tensor_parallel_size:
         adopt("tensor_parallel_size", tensor)
     f = _Filler(args, explicit, adopt)
-    setter = lambda name: (lambda v: adopt(name, type(getattr(args, name))(v)))  # noqa: E731
-    f.match(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", "per_device_train_batch_size",
-            args.per_device_train_batch_size, setter("per_device_train_batch_size"))
-    tbs, micro = ds.get("train_batch_size"), args.per_device_train_batch_size * world_size
-    if "gradient_accumulation_steps" not in ds and "gradient_accumulation_steps" not in explicit and \
-            isinstance(tbs, int) and not isinstance(tbs, bool) and tbs >= micro and tbs % micro == 0:
-        adopt("gradient_accumulation_steps", tbs // micro)  # DeepSpeed's triad: the two given imply the third
-    f.match(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps",
-            args.gradient_accumulation_steps, setter("gradient_accumulation_steps"))
-    total = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
-    if ds.get("train_batch_size", "auto") not in ("auto", total):
-        f.conflicts.append(f"train_batch_size={ds['train_batch_size']} vs per_device_train_batch_size "
-                           f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
-                           f"{args.gradient_accumulation_steps} x {world_size} processes = {total}")
-    f.match(ds, "train_batch_size", "train_batch_size", "", total)
+    setter = lambda name: (lambda v: _adopt_as(adopt, name, type(getattr(args, name)), v))  # noqa: E731
+    _batch_triad(ds, args, explicit, world_size, f, adopt)
     block = ds.get("tensor_parallel")
     if args.tensor_parallel_size > 1 or isinstance(block, dict) and block.get("autotp_size") == "auto":
         f.match(ds.setdefault("tensor_parallel", {}), "autotp_size", "tensor_parallel.autotp_size",
@@ -225,9 +220,10 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
         for key, value in (("warmup_min_lr", 0.0), ("warmup_max_lr", args.learning_rate)):
             f.autos[f"scheduler.params.{key}"] = value
     f.autos.update(model_autos(ds, hidden_size, block_size))
-    if f.conflicts:
-        raise ConfigError("the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
-                          + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option")
+    if f.conflicts or f.problems:  # with every unknown key and bad value of the file: one run names them all
+        conflicts = ["the DeepSpeed config disagrees with the options: " + "; ".join(f.conflicts)
+                     + ". Make them equal, set the DeepSpeed value to \"auto\", or drop the option"]
+        raise collected(conflicts[:bool(f.conflicts)] + f.problems + file_problems(ds))
     ds.setdefault("steps_per_print", None)
     if ds["steps_per_print"] is None:
         del ds["steps_per_print"]
@@ -241,6 +237,61 @@ def _clipping_left_to_the_config(ds: dict, explicit: set[str]) -> bool:
     params = ds.get("optimizer", {}).get("params") if isinstance(ds.get("optimizer"), dict) else None
     return isinstance(params, dict) and "max_grad_norm" in params and "gradient_clipping" not in ds \
         and "max_grad_norm" not in explicit
+
+
+def _adopt_as(adopt, name: str, kind: type, value) -> None:
+    """Adopt the file's value as the option's type; a value of another type is left for
+    load_config to name with the file's other problems."""
+    try:
+        adopt(name, kind(value))
+    except (TypeError, ValueError):
+        pass
+
+
+_OPTION_OF = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+              "gradient_accumulation_steps": "gradient_accumulation_steps"}
+
+
+def _batch_triad(ds: dict, args, explicit: set[str], world_size: int, f: _Filler, adopt) -> None:
+    """The three batch numbers by DeepSpeed's rules (config/batch.py, the one resolver), fed
+    with what the file gives and the options the user set: a number in the file wins over an
+    option left at its HF default; "auto" or absent means the option's value if the user set
+    it, else the rules derive it. The HF default micro batch fills in only when neither
+    train_batch_size nor the micro batch is given. All three are written into `ds`."""
+    given: dict[str, int | None] = {}
+    source = {key: key for key in TRIAD}  # where each number came from, for the mismatch line
+    for key in TRIAD:
+        value = ds.get(key, "auto")
+        option = _OPTION_OF.get(key)
+        if value != "auto":
+            if option in explicit and not _same(value, getattr(args, option)):
+                f.conflicts.append(f"{key}={json.dumps(value)} vs --{option} {getattr(args, option)}")
+            given[key] = value
+        elif option in explicit:
+            given[key], source[key] = getattr(args, option), option
+        else:
+            given[key] = None
+    tb, mb, ga = (given[key] for key in TRIAD)
+    if tb is None and mb is None:
+        mb, source[TRIAD[1]] = args.per_device_train_batch_size, "per_device_train_batch_size"
+    if f.conflicts or not all(v is None or isinstance(v, int) and not isinstance(v, bool) for v in (tb, mb, ga)):
+        return  # named above, or by load_config (the file's value stays)
+    try:
+        if set(source.values()) == set(TRIAD):  # the file's numbers alone: the resolver's own line
+            tb, mb, ga = resolve_batch_sizes(tb, mb, ga, world_size)
+        tb, mb, ga = derive_batch_sizes(tb, mb, ga, world_size)
+    except ConfigError as err:
+        f.problems.append(str(err))
+        return
+    if tb != mb * ga * world_size:
+        f.conflicts.append(f"train_batch_size={tb} vs {source[TRIAD[1]]} {mb} x {source[TRIAD[2]]} {ga} x "
+                           f"{world_size} processes = {mb * ga * world_size}")
+        return
+    for key, value in zip(TRIAD, (tb, mb, ga)):
+        ds[key] = value
+        option = _OPTION_OF.get(key)
+        if option and value != getattr(args, option):
+            adopt(option, value)
 
 
 def _optimizer(ds: dict, args, f: _Filler) -> None:
@@ -259,7 +310,7 @@ def _optimizer(ds: dict, args, f: _Filler) -> None:
     if "optim" in f.explicit and kind.lower() != args.optim:
         f.conflicts.append(f"optimizer.type={kind} vs --optim {args.optim}")
     params = block.setdefault("params", {})
-    setter = lambda name: (lambda v: f.adopt(name, float(v)))  # noqa: E731
+    setter = lambda name: (lambda v: _adopt_as(f.adopt, name, float, v))  # noqa: E731
     f.match(params, "lr", "optimizer.params.lr", "learning_rate", args.learning_rate, setter("learning_rate"))
     f.match(params, "weight_decay", "optimizer.params.weight_decay", "weight_decay", args.weight_decay,
             setter("weight_decay"))

@@ -29,10 +29,11 @@ def test_unknown_key_inside_an_auto_filled_block_is_named_with_a_suggestion():
         {**BASE, "data_efficiency": {"data_sampling": {"curriculum_learning": {"curriculum_metrics": "auto"}}}},
         auto_values={metrics: {"seqlen": {"index_to_sampl_path": "x"}}})) == \
         f"{metrics}.seqlen.index_to_sampl_path: unknown key, did you mean index_to_sample_path?"
-    # an unknown key that is reported first, ahead of other problems in the same block
+    # an unknown key is reported first, and the other problems of the file with it, one line each
     assert message(lambda: load_config({**BASE, "fp16": "auto"},
                                        auto_values={"fp16": {"enabled": "yes please", "loss_scale_windw": 2}})) == \
-        "fp16.loss_scale_windw: unknown key, did you mean loss_scale_window?"
+        "2 problems in the DeepSpeed config:\n  fp16.loss_scale_windw: unknown key, did you mean loss_scale_window?" \
+        '\n  fp16.enabled: should be true or false, got "yes please"'
 
 
 def test_shown_values_are_cut_at_60_characters():
