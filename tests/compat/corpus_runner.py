@@ -1,6 +1,6 @@
 """Run one corpus config the way a user would: HF-style files (any "auto") through the
 trainer's filler at zerotrain train's defaults, the others straight into initialize; then
-one optimizer step of a tiny model. Returns "loads" or the ConfigError's one line."""
+one optimizer step of a tiny model. Returns "loads" or the ConfigError's problems, one line each."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 import zerotrain
 from zerotrain.config import read_config
+from zerotrain.config.loader import problems_of
 from zerotrain.errors import ConfigError
 
 HIDDEN = 8  # the tiny model's width: what the trainer's "auto" bucket sizes are computed from
@@ -78,7 +79,7 @@ def run_config(path: str) -> str:
                 engine.destroy()
         return "loads"
     except ConfigError as err:
-        return str(err)
+        return "\n".join(problems_of(err))
 
 
 if __name__ == "__main__":
