@@ -3,7 +3,7 @@
 says `"enabled": false` is accepted whatever it is: the feature is off, as in DeepSpeed.
 
 Also here: keys DeepSpeed itself ignores that real configs carry (`cuda_visible_devices`,
-`disable_allgather`, `comms_config`, `monitor_config`), so that they are not mistaken for
+`disable_allgather`, `comms_config`; `monitor_config` beside the monitor blocks), so that they are not mistaken for
 typos of the keys they resemble. Keys starting with "_" are comments (the loader strips them).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Block, Float, Int, acts, no_effect, refused
+from .monitor import MonitorBlocks
 
 
 def is_off(value: Any) -> bool:
@@ -36,7 +37,6 @@ def _switches(node: Any):
                 yield from _switches(v)
 
 
-_MONITOR = "monitoring backends are not built: zerotrain train writes metrics.jsonl and tensorboard/ itself"
 _IGNORED = "DeepSpeed ignores it too"
 _OFF = " or set \"enabled\": false"
 
@@ -68,7 +68,7 @@ class FlopsProfilerConfig(Block):
     output_file: str | None = acts(None, "Write the profile to this file instead of the log.")
 
 
-class DeepSpeedExtras(Block):
+class DeepSpeedExtras(MonitorBlocks):
     # ---- acts through zerotrain.checkpointing, configured by initialize
     activation_checkpointing: ActivationCheckpointingConfig | None = acts(
         None, "Settings of zerotrain.checkpointing.checkpoint (DeepSpeed's activation checkpointing API); "
@@ -83,11 +83,6 @@ class DeepSpeedExtras(Block):
     comms_logger: Any = no_effect(None, "collectives are not logged")
     comms_config: Any = no_effect(None, f"collectives are not logged ({_IGNORED})")
     timers: Any = no_effect(None, "wall_clock_breakdown times the steps")
-    tensorboard: Any = no_effect(None, _MONITOR)
-    wandb: Any = no_effect(None, _MONITOR)
-    csv_monitor: Any = no_effect(None, _MONITOR)
-    comet: Any = no_effect(None, _MONITOR)
-    monitor_config: Any = no_effect(None, f"{_MONITOR} ({_IGNORED})")
     memory_breakdown: Any = no_effect(None, "use engine.memory_breakdown() or zerotrain estimate")
     dump_state: Any = no_effect(None, "the engine's state is not dumped at initialize")
     log_level: Any = no_effect(None, "zerotrain logs through the 'zerotrain' logger")

@@ -157,6 +157,8 @@ class Engine(torch.nn.Module):
             self.strategy.end_backward()
         self._add_to_window(loss.detach())
         self._window_micro += 1
+        for feature in self.features:
+            feature.after_backward(self, loss.detach())
         return loss
 
     def step(self, lr_kwargs: dict | None = None) -> None:
@@ -302,8 +304,11 @@ class Engine(torch.nn.Module):
         return out
 
     def destroy(self) -> None:
-        """Release what the engine attached: gradient hooks, module hooks, NVMe swap files."""
+        """Release what the engine attached: gradient hooks, module hooks, NVMe swap files, and
+        what its features opened."""
         self.strategy.close()
+        for feature in self.features:
+            feature.on_close(self)
 
     def module_state_dict(self) -> dict:
         """The full module state dict, whole parameters at every ZeRO stage (a collective under

@@ -19,6 +19,9 @@ class EngineFeature:
         """Training-mode forwards only: may add kwargs or cut the batch."""
         return args, kwargs
 
+    def after_backward(self, engine, loss) -> None:
+        """After each engine.backward, with the unscaled loss it was given (detached)."""
+
     def on_boundary(self, engine) -> None:
         """At each optimizer-step boundary, before the step and before global_steps += 1."""
 
@@ -34,6 +37,9 @@ class EngineFeature:
         shows them (floats to 4 decimals), and the trainer logs them as they are, to its progress
         line, metrics.jsonl and TensorBoard, without knowing the feature."""
         return {}
+
+    def on_close(self, engine) -> None:
+        """At engine.destroy(): close what the feature opened (files, a logging run)."""
 
     def state_dict(self) -> dict | None:
         return None

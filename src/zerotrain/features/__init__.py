@@ -40,6 +40,12 @@ def _token_budget(cfg):
     return TokenBudgetFeature(block) if block is not None and block.enabled else None
 
 
+def _monitor(cfg):
+    from ..monitor import monitor_feature  # DeepSpeed's monitor blocks: tensorboard, csv_monitor, wandb, comet
+
+    return monitor_feature(cfg)
+
+
 def _auto_cast(cfg):
     return AutoCastFeature() if cfg.fp16.enabled and cfg.fp16.auto_cast else None
 
@@ -50,8 +56,9 @@ def _flops_profile(cfg):
 
 
 # auto_cast first: the other features then see (and cut) the inputs the model will get; the
-# profile last, so that it counts the forward as it runs
-FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget, _flops_profile)
+# profile after them, so that it counts the forward as it runs; the monitor last, so its step
+# events come after every other feature's step
+FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget, _flops_profile, _monitor)
 
 
 def build_features(config, training_loader=None) -> list:

@@ -181,8 +181,10 @@ class TrainingArguments:
     deepspeed: Any = _opt(
         None, "DeepSpeed config: a JSON file, a JSON string or (in a YAML file) a mapping. \"auto\" "
               "values are filled from these options; values that contradict them are errors.")
-    report_to: str = _opt("tensorboard", "Metric sinks besides metrics.jsonl: tensorboard or none.",
-                          choices=("tensorboard", "none"))
+    report_to: str = _opt("tensorboard", "Metric sinks besides metrics.jsonl, comma-separated: tensorboard, csv, "
+                                         "wandb, mlflow, comet_ml (the last three: pip install zerotrain[wandb], "
+                                         "[mlflow], [comet]) or none.",
+                          choices=("tensorboard", "csv", "wandb", "mlflow", "comet_ml", "none"))
     disable_tqdm: bool = _opt(False, "Print log lines only, no progress bar.")
     save_on_interrupt: bool = _opt(True, "On Ctrl-C or SIGTERM, save a checkpoint at the step where every "
                                          "process stops (false: name the last one saved).")
@@ -211,6 +213,9 @@ def check_training_arguments(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name}: should be a positive integer, got {value!r}")
+    from .report.metrics_log import report_names
+
+    report_names(args.report_to)
     for name in ("eval_steps", "save_total_limit"):
         value = getattr(args, name)
         if value is not None and (not isinstance(value, int) or value < 1):

@@ -5,7 +5,7 @@ field in args.py: lora_target, additional_target, cutoff_len, max_seq_length, te
 
     refused     stage: pt      ->  "stage: use --task clm (pt) or --task sft (sft)"
     no effect   local_rank 0   ->  a notice: the rank comes from torchrun's environment
-    value map   optim adamw_torch -> adamw; report_to all -> tensorboard
+    value map   optim adamw_torch -> adamw; report_to all -> tensorboard, a list -> comma-separated
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ def noted_value(name: str, value) -> tuple[object, str | None]:
 
 def map_value(name: str, value):
     """HF spellings of values (optim adamw_torch, report_to all or a list of one) -> ours."""
-    if name == "report_to" and isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise ConfigError(f"report_to: give one of tensorboard or none, got {list(value)}")
-        value = value[0]
+    if name == "report_to" and isinstance(value, (list, tuple)):  # HF's list: several sinks
+        return ",".join(VALUE_MAPS[name].get(v, v) if isinstance(v, str) else str(v) for v in value)
     return VALUE_MAPS.get(name, {}).get(value, value) if isinstance(value, str) else value

@@ -1,7 +1,8 @@
 """What the options alone decide, checked before any tokenizer, model or data file is loaded:
 a mistake in the DeepSpeed config or an option costs a second, not the ~12 s of loading.
 
-    files           data files, model folder or config, tokenizer, init_from, chat template exist
+    files           data files, model folder or config, tokenizer, init_from, chat template exist;
+                    report_to's packages are installed
     the data plan   do_train / do_eval / do_predict have the data they need
     the run plan    (plan.py) output_dir not someone else's run (unless --overwrite_output_dir
                     or resuming); the DeepSpeed config built from the options, typed and
@@ -31,9 +32,11 @@ def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
     from .data.chat import check_chat_template
     from .data.tokenizer import check_tokenizer_source
     from .model.build import check_init_from, check_model_source
+    from .report.metrics_log import check_report_to
 
     model_args, data_args, train_args = options.model, options.data, options.training
     check_data_plan(data_args, train_args)
+    check_report_to(train_args.report_to)
     for name in ("train_file", "validation_file", "test_file"):
         value = getattr(data_args, name)
         if value and not Path(value).expanduser().exists():

@@ -257,7 +257,7 @@ class Trainer(SavesAndResumes):
             if self.train_dataset is None:
                 self.progress = Progress(0, 0, False, False)
                 if self.rank0:
-                    self.log = MetricsLog(self.output_dir, self.args.report_to == "tensorboard", None)
+                    self.log = MetricsLog(self.output_dir, self.args.report_to, None)
                 return self._finish(trained=False)
             self._train_steps()
             return self._finish()
@@ -266,7 +266,7 @@ class Trainer(SavesAndResumes):
         args, engine = self.args, self.engine
         resume_step = self._resume() if args.resume_from_checkpoint else None
         if self.rank0:
-            self.log = MetricsLog(self.output_dir, args.report_to == "tensorboard", resume_step)
+            self.log = MetricsLog(self.output_dir, args.report_to, resume_step)
         if resume_step is not None and resume_step >= self.total_steps and self.rank0:
             print(f"zerotrain: the checkpoint is at step {resume_step}, max_steps is {self.total_steps}: nothing left "
                   "to train; raise --max_steps (or num_train_epochs) to continue", flush=True)
