@@ -46,12 +46,12 @@ def test_stage3_writes_back_what_it_derived_from_the_model():
 
 def test_notice_names_every_key_with_no_effect(zerotrain_log):
     cfg = config(zero_optimization={"stage": 1, "contiguous_gradients": True, "round_robin_gradients": True},
-                 tensorboard={"enabled": True}, amp={"enabled": False}, _comment="mine",
+                 dump_state=True, amp={"enabled": False}, _comment="mine",
                  zero_allow_untested_optimizer=True)
     engine, _, _, _ = zerotrain.initialize(model=mlp(), config=cfg)
     lines = [r.getMessage() for r in zerotrain_log.records if "no effect" in r.getMessage()]
     assert len(lines) == 1
-    for key in ("_comment", "tensorboard", "amp", "zero_allow_untested_optimizer",
+    for key in ("_comment", "dump_state", "amp", "zero_allow_untested_optimizer",
                 "zero_optimization.contiguous_gradients", "zero_optimization.round_robin_gradients"):
         assert key in lines[0]
     engine.destroy()
