@@ -33,15 +33,19 @@ def _opt(default, help: str, **extra) -> Any:
 @dataclass
 class ModelArguments:
     model_name_or_path: str | None = _opt(
-        None, "Local model folder to start from: an HF model (config.json, weights, tokenizer) or a "
-              "folder written by `zerotrain train`.")
+        None, "Model to start from: a local folder (an HF model: config.json, weights, tokenizer; or a folder "
+              "written by `zerotrain train`) or a hub id (roberta-base, meta-llama/Llama-3.2-1B), read from the "
+              "HF cache or downloaded as transformers does (HF_HOME, HF_HUB_OFFLINE).")
+    model_revision: str = _opt("main", "The hub revision (branch, tag or commit) of a hub id's model and tokenizer.")
+    trust_remote_code: bool = _opt(False, "Run the custom model and tokenizer code a model folder or hub "
+                                          "snapshot carries (transformers' trust_remote_code).")
     model_config: str | None = _opt(
         None, "Train from scratch: a preset (gpt-tiny, gpt-small, bert-tiny, bert-small, bert-base, gpt2-tiny, "
               "llama-tiny) or a JSON/YAML model config file (HF config with model_type, "
               "{\"zerotrain_model\": \"gpt\"|\"bert\", ...}, or a BERT config of hidden_size, "
               "num_hidden_layers, ... as the PLD recipe writes it: the built-in Pre-LN BERT).")
     tokenizer_name_or_path: str | None = _opt(
-        None, "Tokenizer folder or tokenizer.json file; default: the model folder's tokenizer, else "
+        None, "Tokenizer folder, tokenizer.json file or hub id; default: the model's tokenizer, else "
               "a built-in byte-level tokenizer (256 bytes + special tokens).")
     task: str = _opt("clm", "What to train: clm (causal LM), mlm (masked LM), classification, or sft (supervised "
                             "fine-tuning of a causal LM on conversations or instructions).", choices=TASKS)

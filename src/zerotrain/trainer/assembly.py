@@ -35,8 +35,9 @@ def run(options: Options, callbacks=()) -> dict:
     check_nodes(comm)
     plan = preflight(options, comm.world_size, comm=comm)
     train_args = plan.options
-    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path)
-    positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config)
+    revision, remote_code = model_args.model_revision, model_args.trust_remote_code
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path, revision, remote_code)
+    positions = models.positions_hint(model_args.model_name_or_path, model_args.model_config, revision)
     data = prepare(model_args, data_args, train_args.seed, tokenizer, positions, comm,
                    need_train=train_args.do_train is not False)
     num_labels = 1 if data.regression else len(data.labels) if data.labels else None
@@ -45,7 +46,7 @@ def run(options: Options, callbacks=()) -> dict:
     if partition is not None and plan.offloads:
         return_large_blocks()  # before the streamed load, whose temporaries would stay resident (host_memory.py)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
-                                     tokenizer, num_labels, partition)
+                                     tokenizer, num_labels, partition, revision, remote_code)
     if info.max_positions is not None and data.block_size > info.max_positions:
         raise ConfigError(f"block_size {data.block_size} is larger than the model's {info.max_positions} "
                           f"positions; use --block_size {info.max_positions} or less")

@@ -1,7 +1,8 @@
 """What the options alone decide, checked before any tokenizer, model or data file is loaded:
 a mistake in the DeepSpeed config or an option costs a second, not the ~12 s of loading.
 
-    files           data files, model folder or config, tokenizer, init_from, chat template exist;
+    files           data files, model folder or config, tokenizer, init_from, chat template exist
+                    (a hub id is fetched into the HF cache here, before any rank starts);
                     report_to's packages are installed
     the data plan   do_train / do_eval / do_predict have the data they need
     the run plan    (plan.py) output_dir not someone else's run (unless --overwrite_output_dir
@@ -41,9 +42,9 @@ def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
         value = getattr(data_args, name)
         if value and not Path(value).expanduser().exists():
             raise DataError(f"{name} {value}: does not exist")
-    check_model_source(model_args.model_name_or_path, model_args.model_config)
+    check_model_source(model_args.model_name_or_path, model_args.model_config, model_args.model_revision)
     if model_args.tokenizer_name_or_path not in (None, "", "byte"):
-        check_tokenizer_source(model_args.tokenizer_name_or_path)
+        check_tokenizer_source(model_args.tokenizer_name_or_path, model_args.model_revision)
     if model_args.init_from:
         check_init_from(model_args.init_from)
     if model_args.task == "sft":

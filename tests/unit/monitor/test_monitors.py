@@ -89,7 +89,8 @@ def test_fp16_adds_the_loss_scale(tmp_path):
 
 def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name in ("wandb", "comet_ml") else real(name, *a))
+    monkeypatch.setattr("importlib.util.find_spec",
+                        lambda name, *a: None if name in ("wandb", "comet_ml") else real(name, *a))
     for block, extra in (("wandb", "wandb"), ("comet", "comet")):
         with pytest.raises(ConfigError) as err:
             train({block: {"enabled": True}}, steps=0)

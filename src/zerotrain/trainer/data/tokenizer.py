@@ -47,24 +47,32 @@ def train_bpe(texts, vocab_size: int):
     return _wrap(tok)
 
 
-def check_tokenizer_source(name_or_path: str) -> Path:
-    path = Path(name_or_path).expanduser()
+def check_tokenizer_source(name_or_path: str, revision: str | None = None) -> Path:
+    """The tokenizer's folder or file; a hub id is its snapshot in the HF cache (fetched if not there)."""
+    from ..model.hub import TOKENIZER_FILES, local_folder
+
+    path = local_folder(name_or_path, "tokenizer_name_or_path", revision, files=TOKENIZER_FILES)
     if not path.exists():
-        raise ConfigError(f"tokenizer_name_or_path {path}: does not exist (no download: give a local "
-                          "folder or tokenizer.json)")
+        raise ConfigError(f"tokenizer_name_or_path {path}: does not exist; give a folder, a tokenizer.json or a "
+                          "hub id")
     return path
 
 
-def load_tokenizer(name_or_path: str | None, model_dir: str | None = None):
-    """The tokenizer for a run: explicit path, else the model folder's, else byte-level."""
+def load_tokenizer(name_or_path: str | None, model_dir: str | None = None, revision: str | None = None,
+                   trust_remote_code: bool = False):
+    """The tokenizer for a run: explicit path or hub id, else the model's (folder or hub id),
+    else byte-level."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    from ..model.hub import local_folder
+
     if name_or_path in (None, "", "byte"):
+        model_dir = str(local_folder(model_dir, "model_name_or_path", revision)) if model_dir else None
         if model_dir and any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             name_or_path = model_dir
         else:
             return byte_tokenizer()
-    path = check_tokenizer_source(name_or_path)
+    path = check_tokenizer_source(name_or_path, revision)
     try:
         if path.is_file():
             tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
@@ -77,7 +85,7 @@ def load_tokenizer(name_or_path: str | None, model_dir: str | None = None):
                 if found:
                     tok.add_special_tokens({key: found})
         else:
-            tok = AutoTokenizer.from_pretrained(str(path))
+            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"tokenizer_name_or_path {path}: cannot load ({str(e).splitlines()[0]})") from None
     if tok.pad_token is None and tok.eos_token is not None:

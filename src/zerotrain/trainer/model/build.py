@@ -1,11 +1,12 @@
 """Which model a run trains, and how a trained one is written and read back.
 
     model_name_or_path   a local folder: an HF model (config.json + weights) or one of ours
-                         (zerotrain_model.json + model.safetensors)
+                         (zerotrain_model.json + model.safetensors); or a hub id, resolved to
+                         its snapshot folder in the HF cache (hub.py)
     model_config         from scratch: a preset name or a JSON/YAML config file
     init_from            after building: copy matching weights (strict=False), report the rest
 
-Nothing here downloads: the HF classes are built from configs or read from local folders.
+Only hub.py downloads: the HF classes are built from configs or read from local folders.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ...errors import ConfigError
 from ...zero.stage3.init import Init, is_partitioned
 from ...models import GPT, BertConfig, PreLNBertClassifier, PreLNBertMLM, GPTConfig
 from ...models.bert import bert_config_keys, is_bert_recipe_config
+from .hub import local_folder
 
 log = logging.getLogger("zerotrain")
 
@@ -150,15 +152,16 @@ def _build_hf_from_config(spec: dict, task: str, tokenizer, num_labels: int | No
     return model, _hf_info(model, task)
 
 
-def check_model_source(model_name_or_path: str | None, model_config: str | None) -> None:
-    """The model options name something that exists (checked before anything is loaded)."""
+def check_model_source(model_name_or_path: str | None, model_config: str | None, revision: str | None = None) -> None:
+    """The model options name something that exists (checked before anything is loaded); a
+    hub id is fetched into the HF cache here if it is not there yet."""
     if model_name_or_path and model_config:
         raise ConfigError("model_name_or_path and model_config both given: start from a folder or from a "
                           "config, not both")
     if model_name_or_path:
-        folder = Path(model_name_or_path).expanduser()
+        folder = local_folder(model_name_or_path, "model_name_or_path", revision)
         if not folder.is_dir():
-            raise ConfigError(f"model_name_or_path {folder}: not a folder (no download: give a local model folder)")
+            raise ConfigError(f"model_name_or_path {folder}: not a folder; give a model folder or a hub id")
         if not (folder / OURS_FILE).is_file() and not (folder / "config.json").is_file():
             raise ConfigError(f"model_name_or_path {folder}: no config.json or {OURS_FILE}; not a model folder")
         return
@@ -173,12 +176,13 @@ def check_model_source(model_name_or_path: str | None, model_config: str | None)
 
 
 def build_model(model_name_or_path: str | None, model_config: str | None, task: str, tokenizer,
-                num_labels: int | None = None, partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
+                num_labels: int | None = None, partition: Partition | None = None, revision: str | None = None,
+                trust_remote_code: bool = False) -> tuple[nn.Module, ModelInfo]:
     """`partition`: ZeRO stage 3, where a saved model is built under zero.Init and its weights
-    streamed into each rank's chunks (streamed_load.py)."""
-    check_model_source(model_name_or_path, model_config)
+    streamed into each rank's chunks (streamed_load.py). `revision`: a hub id's."""
+    check_model_source(model_name_or_path, model_config, revision)
     if model_name_or_path:
-        return load_model(model_name_or_path, task, num_labels, partition)
+        return load_model(model_name_or_path, task, num_labels, partition, revision, trust_remote_code)
     spec = PRESETS[model_config] if model_config in PRESETS else _read_mapping(Path(model_config).expanduser())
     if "zerotrain_model" in spec:
         return _build_ours(spec, task, tokenizer, num_labels)
@@ -206,10 +210,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise ConfigError(f"{folder}: no model weights ({WEIGHTS_FILE}, pytorch_model.bin or model_states.pt)")
 
 
-def load_model(path_text: str, task: str, num_labels: int | None = None,
-               partition: Partition | None = None) -> tuple[nn.Module, ModelInfo]:
-    check_model_source(path_text, None)
-    folder = Path(path_text).expanduser()
+def load_model(path_text: str, task: str, num_labels: int | None = None, partition: Partition | None = None,
+               revision: str | None = None, trust_remote_code: bool = False) -> tuple[nn.Module, ModelInfo]:
+    """A model folder, or a hub id's snapshot folder, read into a model for `task`."""
+    check_model_source(path_text, None, revision)
+    folder = local_folder(path_text, "model_name_or_path", revision)
     if (folder / OURS_FILE).is_file():
         meta = json.loads((folder / OURS_FILE).read_text(encoding="utf-8"))
         spec = {"zerotrain_model": meta["model"], **meta["config"]}
@@ -225,6 +230,7 @@ def load_model(path_text: str, task: str, num_labels: int | None = None,
         _stream(model, folder, partition, strict)
         return model, info
     kwargs = {"num_labels": num_labels} if task == "classification" and num_labels else {}
+    kwargs["trust_remote_code"] = trust_remote_code
     try:
         if partition is None:
             model = _hf_class(task).from_pretrained(str(folder), **kwargs)
@@ -235,7 +241,8 @@ def load_model(path_text: str, task: str, num_labels: int | None = None,
             with Init(dtype=partition.dtype):
                 model = _hf_class(task).from_config(config)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model_name_or_path {folder}: cannot load ({str(e).splitlines()[0]})") from None
+        hint = "; pass --trust_remote_code to run it" if "trust_remote_code" in str(e) else ""
+        raise ConfigError(f"model_name_or_path {folder}: cannot load ({str(e).splitlines()[0]}){hint}") from None
     if partition is not None:
         _stream(model, folder, partition, strict=False)
     return model, _hf_info(model, task)
@@ -351,7 +358,7 @@ def save_model_streamed(folder: Path, model: nn.Module, info: ModelInfo, entries
         tokenizer.save_pretrained(str(folder))
 
 
-def positions_hint(model_name_or_path: str | None, model_config: str | None) -> int | None:
+def positions_hint(model_name_or_path: str | None, model_config: str | None, revision: str | None = None) -> int | None:
     """The model's position count before building it (the default block size needs it)."""
     spec = None
     if model_config in PRESETS:
@@ -359,7 +366,7 @@ def positions_hint(model_name_or_path: str | None, model_config: str | None) -> 
     elif model_config and Path(model_config).is_file():
         spec = _read_mapping(Path(model_config))
     elif model_name_or_path:
-        folder = Path(model_name_or_path)
+        folder = local_folder(model_name_or_path, "model_name_or_path", revision)
         for name in (OURS_FILE, "config.json"):
             if (folder / name).is_file():
                 data = json.loads((folder / name).read_text(encoding="utf-8"))
