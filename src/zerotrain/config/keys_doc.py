@@ -46,7 +46,12 @@ error; keys starting with `_` are comments. `"auto"` inside `fp16`, `bf16` and
 `stage3_gather_16bit_weights_on_model_save: "auto"` is false); anywhere else the trainer fills
 it (see [the trainer](trainer.md#deepspeed-config-files-with-the-trainer)) and `initialize`
 says that only the trainer does. `sub_group_size: 0` is allowed. A key that is none of these
-is an error with a did-you-mean, also when its value is `"auto"`.
+is an error with a did-you-mean, also when its value is `"auto"`. Every unknown key and bad
+value of a file, and a batch triad that does not add up, are reported together in one error,
+one line each. The batch triad is resolved by DeepSpeed's rules for the data-parallel world
+size (`config/batch.py`, the same in `initialize`, `zerotrain config --world_size N` and the
+trainer): any two of `train_batch_size`, `train_micro_batch_size_per_gpu` and
+`gradient_accumulation_steps` give the third; `train_batch_size` alone gives accumulation 1.
 
 ## Every key
 

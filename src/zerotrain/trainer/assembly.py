@@ -46,7 +46,8 @@ def run(options: Options, callbacks=()) -> dict:
     if partition is not None and plan.offloads:
         return_large_blocks()  # before the streamed load, whose temporaries would stay resident (host_memory.py)
     model, info = models.build_model(model_args.model_name_or_path, model_args.model_config, model_args.task,
-                                     tokenizer, num_labels, partition, revision, remote_code)
+                                     tokenizer, num_labels, partition, revision=revision,
+                                     trust_remote_code=remote_code)
     if info.max_positions is not None and data.block_size > info.max_positions:
         raise ConfigError(f"block_size {data.block_size} is larger than the model's {info.max_positions} "
                           f"positions; use --block_size {info.max_positions} or less")

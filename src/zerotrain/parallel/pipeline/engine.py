@@ -125,6 +125,9 @@ class PipelineEngine(TrainingEngine):
             if self.strategy.stage == 0:
                 self.ties.reduce_grads()
         total = float(sum(loss.double() for loss in losses)) if losses else 0.0
+        for loss in losses:  # Engine.backward's event, where the losses are known (the last stage)
+            for feature in self.features:
+                feature.after_backward(self, loss.detach())
         if losses:
             self._window_loss += total
             self._window_micro += count
