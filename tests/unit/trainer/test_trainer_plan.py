@@ -87,7 +87,7 @@ def test_the_model_is_built_as_the_typed_config_says(tmp_path, monkeypatch, ds, 
     class Built(Exception):
         pass
 
-    def build_model(*args):
+    def build_model(*args, **hub_options):
         raise Built(args[-1])  # the Partition (stage 3) or None, before any weight is made
 
     monkeypatch.setattr(models, "build_model", build_model)
