@@ -220,9 +220,10 @@ def _explain_all(errors: list[dict], misspelt: set[tuple] = frozenset()) -> list
         if any(loc == s or s and loc[:len(s)] == s or loc and s[:len(loc)] == loc for s in seen):
             continue
         seen.add(loc)
-        if error["type"] == "missing" and loc in misspelt:
-            continue
-        lines.append(_explain(error))
+        line = _explain(error)
+        if "is missing" in line and line.split(" ", 1)[0] in {_dotted(m) for m in misspelt}:
+            continue  # the misspelt key's did-you-mean already names it
+        lines.append(line)
     return lines
 
 
