@@ -251,8 +251,8 @@ def test_data_efficiency_defaults():
     ({"data_routing": {"random_ltd": {"random_ltd_schedule": {"schedule_config": {"require_step": 1}}}}},
      r"schedule_config\.require_step: unknown key, did you mean require_steps\?"),
     ({"data_sampling": {"curriculum_learning": {"enabled": True, "curriculum_metrics": {
-        "seqlen": {"min_dificulty": 1}}}}},
-     r"^data_efficiency\.data_sampling\.curriculum_learning\.curriculum_metrics\.seqlen\.min_dificulty: "
+        "seqlen": {"min_dificulty": 1}}}}},  # named on its own line, with the metric's missing keys
+     r"(?m)^  data_efficiency\.data_sampling\.curriculum_learning\.curriculum_metrics\.seqlen\.min_dificulty: "
      r"unknown key, did you mean min_difficulty\?$"),
     ({"data_sampling": {"dynamic_batching": {"enabld": True}}}, r"dynamic_batching\.enabld: unknown key"),
     ({"data_sampling": {"enabled": True, "dynamic_batching": {"enabled": True, "max_tokens": 9}}},
