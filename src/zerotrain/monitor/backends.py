@@ -4,7 +4,7 @@
     close()
 
     csv            one file per event name under the folder: step,value rows (zerotrain's own)
-    tensorboard    event files (zerotrain's own writer, trainer/report/tensorboard.py)
+    tensorboard    event files (zerotrain's own writer, monitor/tensorboard.py)
     wandb          wandb.init(...) once, wandb.log({name: value}, step=step)      zerotrain[wandb]
     mlflow         mlflow.start_run() once, mlflow.log_metric(name, value, step)  zerotrain[mlflow]
     comet          comet_ml.start(...) once, experiment.log_metric(name, value, step=step)
@@ -62,7 +62,7 @@ class CSVBackend:
 
 class TensorBoardBackend:
     def __init__(self, folder: str | Path):
-        from ..trainer.report.tensorboard import EventWriter
+        from .tensorboard import EventWriter
 
         self.writer = EventWriter(folder)
 

@@ -14,7 +14,7 @@ import torch
 
 import zerotrain
 from zerotrain.errors import ConfigError
-from zerotrain.trainer.report.tensorboard import read_scalars
+from zerotrain.monitor.tensorboard import read_scalars
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 

@@ -71,7 +71,7 @@ class MetricsLog:
         names = report_names(report_to)
         self.tb = None
         if "tensorboard" in names:
-            from .tensorboard import EventWriter
+            from ...monitor.tensorboard import EventWriter
 
             self.tb = EventWriter(output_dir / TB_FOLDER)
         self.sinks = [_open_sink(name, output_dir) for name in names if name != "tensorboard"]

@@ -11,7 +11,7 @@ from zerotrain.engine.hooks import EngineFeature
 from zerotrain.features.engine_methods import tokens_consumed
 from zerotrain.trainer.loop import step as step_module
 from zerotrain.trainer.loop import trainer as trainer_module
-from zerotrain.trainer.report.tensorboard import read_scalars
+from zerotrain.monitor.tensorboard import read_scalars
 from zerotrain.trainer import TrainerCallback
 
 

@@ -13,7 +13,7 @@ from trainer_helpers import options, run
 from zerotrain.errors import ConfigError
 from zerotrain.trainer.plan import Options
 from zerotrain.trainer.preflight import preflight
-from zerotrain.trainer.report.tensorboard import read_scalars
+from zerotrain.monitor.tensorboard import read_scalars
 
 
 def losses(records):

@@ -7,7 +7,7 @@ An event file is a sequence of TFRecords, each holding one serialized `Event` pr
               | 5: Summary { 1: Value { 1: tag (string) | 2: simple_value (float) } ... }
 
 Only scalars are written, which is all the trainer logs. `read_scalars` parses the files back
-(used by the tests, and handy without TensorBoard installed).
+(used by the tests, and handy without TensorBoard installed). The trainer's `report_to tensorboard` and the engine's `tensorboard` monitor both write through it.
 """
 
 from __future__ import annotations
