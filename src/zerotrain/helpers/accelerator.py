@@ -20,6 +20,19 @@ import torch
 from ..errors import ConfigError, NotBuiltError
 
 
+
+def meminfo_available() -> int:
+    """The host's MemAvailable in bytes, from /proc/meminfo (0 where there is none): what the
+    kernel can hand out without swapping, page cache included, unlike sysconf's free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
 class _Accelerator:
     """What both kinds answer the same way."""
 
@@ -291,14 +304,7 @@ class CPU_Accelerator(_Accelerator):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     def available_memory(self, device_index: int | None = None) -> int:
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return meminfo_available() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
     def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
         return tensor  # pinning is for copies to a GPU; there is none

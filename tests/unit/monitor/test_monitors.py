@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import sys
-import types
 
 import pytest
 import torch
@@ -39,28 +37,8 @@ def read_csv(path):
     return rows[0], [(int(s), float(v)) for s, v in rows[1:]]
 
 
-def only_wandb(real):
-    """find_spec that finds the fake wandb, not mlflow or comet_ml, and the rest as installed."""
-    return lambda name, *a: object() if name == "wandb" else None if name in ("mlflow", "comet_ml") else real(name, *a)
-
-
-class FakeWandb(types.ModuleType):
-    """wandb's call shape: init(**kwargs) -> run; run.log(dict, step=); run.finish()."""
-
-    def __init__(self):
-        super().__init__("wandb")
-        self.inits, self.logged, self.finished = [], [], 0
-
-    def init(self, **kwargs):
-        self.inits.append(kwargs)
-        return types.SimpleNamespace(log=lambda values, step: self.logged.append((step, dict(values))),
-                                     finish=lambda: setattr(self, "finished", self.finished + 1))
-
-
-def test_the_monitor_blocks_write_deepspeeds_events(tmp_path, monkeypatch):
-    fake = FakeWandb()
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    monkeypatch.setattr("importlib.util.find_spec", only_wandb(importlib.util.find_spec))
+def test_the_monitor_blocks_write_deepspeeds_events(tmp_path, fake_wandb):
+    fake = fake_wandb
     engine, losses = train({
         "csv_monitor": {"enabled": True, "output_path": str(tmp_path), "job_name": "csvjob"},
         "tensorboard": {"enabled": True, "output_path": str(tmp_path), "job_name": "tbjob"},

@@ -72,15 +72,3 @@ class Trimmer:
     def now(self) -> None:
         if self.every:
             release_freed_memory()
-
-
-def available_memory() -> int:
-    """The host's MemAvailable in bytes (0 where /proc/meminfo has none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0

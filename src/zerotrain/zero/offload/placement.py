@@ -19,7 +19,7 @@ import torch
 
 from ...config.zero import NVME_BLOCK_NUMEL as BLOCK_NUMEL  # the largest swap block (config resolves it)
 from .blockwise_optimizer import RESIDENT_BLOCK_NUMEL, BlockwiseOptimizer, MasterGroup
-from .host_memory import available_memory
+from ...helpers.accelerator import meminfo_available as available_memory
 from .nvme_swap import check_nvme_path, rank_folder
 
 

@@ -3,10 +3,6 @@ sinks (W&B as a fake module), the plot."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
-
 import pytest
 from trainer_helpers import options, run
 
@@ -63,28 +59,8 @@ def test_the_banner_estimate_is_what_a_step_measures_and_says_what_it_covers(tmp
     assert bool(frozen) is ("lora_rank" in extra)
 
 
-def only_wandb(real):
-    """find_spec that finds the fake wandb, not mlflow or comet_ml, and the rest as installed."""
-    return lambda name, *a: object() if name == "wandb" else None if name in ("mlflow", "comet_ml") else real(name, *a)
-
-
-class FakeWandb(types.ModuleType):
-    """wandb's call shape: init(**kwargs) -> run; run.log(dict, step=); run.finish()."""
-
-    def __init__(self):
-        super().__init__("wandb")
-        self.inits, self.logged, self.finished = [], [], 0
-
-    def init(self, **kwargs):
-        self.inits.append(kwargs)
-        return types.SimpleNamespace(log=lambda values, step: self.logged.append((step, dict(values))),
-                                     finish=lambda: setattr(self, "finished", self.finished + 1))
-
-
-def test_report_to_takes_several_sinks(tmp_path, monkeypatch):
-    fake = FakeWandb()
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    monkeypatch.setattr("importlib.util.find_spec", only_wandb(importlib.util.find_spec))
+def test_report_to_takes_several_sinks(tmp_path, fake_wandb):
+    fake = fake_wandb
     _, recs = run(options(tmp_path, report_to=["csv", "wandb"], max_steps=3))
     losses = [(r["step"], r["loss"]) for r in recs if "loss" in r]
     rows = (tmp_path / "out" / "csv" / "loss.csv").read_text(encoding="utf-8").split()
