@@ -1,10 +1,28 @@
-"""Loading a checkpoint into a different world size.
+"""Loading a checkpoint into another layout: another ZeRO stage, another data-parallel size.
 
-Each rank's optimizer file holds per-element state (fp32 masters, Adam moments, stage-3
-parameter shards) laid out for the world that wrote it. Here every such tensor is put back
-together per parameter from all the old ranks' files (consolidate.py's fills, driven by the
-saved layout) and cut again with this run's layout for this rank. Scalars (step counts) and
-hyperparameters are taken from rank 0's file.
+A checkpoint records its layout (zero/layout.py): for every param group, which part of which
+parameter sits where in each rank's piece. Loading into a new layout is slice copying between
+two such maps, one parameter range at a time:
+
+    old pieces (rank files, memory-mapped)        this rank's new piece
+    rank 0: | p0 | p1[:5] |       ---- p1[2:5] ---->  | p1[2:9] | p2[:4] |
+    rank 1: | p1[5:] | p2 |       ---- p1[5:9] --/
+
+For each span of this rank's new piece, the ranges of that parameter are read from every old
+rank's piece that holds them. Files are opened with mmap, so only the bytes read are paged
+in: no rank holds the model's state whole, nor even a whole parameter (stages 0-2 keep whole
+weights in the module anyway; they are written one parameter at a time).
+
+What the new run needs, and where each comes from in the old checkpoint, best first:
+
+    model values (stage 3 shards,    old fp32 masters > old stage-3 shards > old module weights
+      stage 0-2 module weights)
+    fp32 masters (when separate)     the same
+    optimizer state per element      old optimizer pieces, same key
+    step, hyperparameters            old rank 0's optimizer file
+
+Parameters are matched by name, so a stage-3 checkpoint's extra group of frozen parameters and
+a stage 0-2 checkpoint's frozen weights in the module state both find their place.
 """
 
 from __future__ import annotations
@@ -14,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from ..zero.layout import GroupLayout, fill_from_piece, piece_from
+from ..zero.layout import GroupLayout
 from .consolidate import group_layouts
 from .store import load_file
 
@@ -23,55 +41,184 @@ def _old_ranks(layout: dict) -> list[int]:
     return list(range(int(layout["world_size"]) if int(layout["stage"]) > 0 else 1))
 
 
-def _whole(old: GroupLayout, ranks: list[int], pieces: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per-parameter flat tensors of one group from the pieces every old rank saved."""
-    whole = [torch.zeros(n, dtype=pieces[0].dtype) for n in old.full_numels]
-    for rank, piece in zip(ranks, pieces):
-        fill_from_piece(whole, old.spans(rank), piece.reshape(-1))
-    return whole
-
-
 def _piece_numel(layout: GroupLayout, rank: int) -> int:
     lo, hi = layout.piece_range(rank)
     return hi - lo
 
 
-def reshard_rank_state(path: Path, old: dict, new: dict, rank: int, prefix: str = "") -> dict:
-    """This rank's {"optimizer", "strategy"} state for layout `new`, from the files of a
-    checkpoint written with layout `old` (same model, same param groups); `prefix` names the
-    files of one pipeline stage or model-parallel slice."""
-    ws = old["world_size"]
-    if not isinstance(ws, int) or ws < 1 or (int(old["stage"]) > 0 and not (path / f"{prefix}optim_rank{ws - 1}.pt").is_file()):
-        raise CheckpointError(f"{path}/{prefix}model_states.pt: world size {ws!r} does not match its rank files; "
-                              "the checkpoint is incomplete or corrupted")
-    files = [load_file(path, f"{prefix}optim_rank{r}.pt") for r in _old_ranks(old)]
-    if [g["names"] for g in old["groups"]] != [g["names"] for g in new["groups"]]:
-        raise CheckpointError(f"{path}: its parameter groups differ from this model's; a checkpoint "
-                              "can change world size, not the model or its param groups")
-    old_layouts, new_layouts = group_layouts(path, old), group_layouts(path, new)
-    old_sizes = [_piece_numel(g, 0) for g in old_layouts]
-    new_sizes = [_piece_numel(g, rank) for g in new_layouts]
-    ranks = _old_ranks(old)
+def check_same_model(path: Path, states: dict, new: dict) -> None:
+    """The parameters both layouts hold must have the same names and shapes: one line listing
+    what differs. Frozen parameters are laid out only at stage 3 (stages 0-2 keep them in the
+    module state), so a name in one layout only is fine when the other side has it frozen."""
+    def shapes(layout):
+        return {n: tuple(s) for g in layout["groups"] for n, s in zip(g["names"], g["shapes"])}
 
-    def convert(gi: int, pieces: list) -> torch.Tensor | None:
-        if all(piece is None for piece in pieces):  # a group without this kind of state (frozen: no masters)
+    old = states["layout"]
+    was, now = shapes(old), shapes(new)
+    module = states.get("module") or {}
+    frozen = set(states.get("frozen") or ())
+    only_old = sorted(n for n in set(was) - set(now) if n not in frozen)
+    only_new = sorted(n for n in set(now) - set(was) if n not in module and n not in frozen)
+    differ = sorted(n for n in set(was) & set(now) if was[n] != now[n])
+    differ += sorted(n for n in set(now) - set(was) if n in module and tuple(module[n].shape) != now[n])
+    if differ or only_old or only_new:
+        both = {**{n: tuple(module[n].shape) for n in module if torch.is_tensor(module[n])}, **was}
+        parts = [f"{n} {list(both[n])} there, {list(now[n])} here" for n in differ[:4]]
+        parts += [f"{n} only in the checkpoint" for n in only_old[:4]]
+        parts += [f"{n} only in this model" for n in only_new[:4]]
+        raise CheckpointError(f"{path} is a checkpoint of another model: {'; '.join(parts)}; "
+                              "load it into the model that wrote it")
+
+
+class SavedState:
+    """The per-element state of an old checkpoint, read by (parameter name, element range)."""
+
+    def __init__(self, path: Path, states: dict, prefix: str = ""):
+        old = states["layout"]
+        ws = old["world_size"]
+        if not isinstance(ws, int) or ws < 1:
+            raise CheckpointError(f"{path}/{prefix}model_states.pt: world size {ws!r} is not a rank count; "
+                                  "the checkpoint is corrupted")
+        self.path, self.prefix, self.layout = path, prefix, old
+        self.ranks = _old_ranks(old)
+        missing = [r for r in self.ranks if not (path / f"{prefix}optim_rank{r}.pt").is_file()]
+        if missing:
+            raise CheckpointError(f"{path}: {prefix}optim_rank{missing[0]}.pt is missing ({len(self.ranks)} ranks "
+                                  f"wrote this checkpoint, {len(missing)} rank file(s) absent); copy the whole "
+                                  "checkpoint folder")
+        self.files = [load_file(path, f"{prefix}optim_rank{r}.pt", mmap=True) for r in self.ranks]
+        self.layouts = group_layouts(path, old)
+        self.module = states["module"]
+        self.aliases = old.get("aliases") or {}
+        # name -> (group, index in group, [(rank position, span)])
+        self.where: dict[str, tuple[int, int, list]] = {}
+        for gi, (g, gl) in enumerate(zip(old["groups"], self.layouts)):
+            for i, name in enumerate(g["names"]):
+                self.where[name] = (gi, i, [])
+            for pos, r in enumerate(self.ranks):
+                for s in gl.spans(r):
+                    self.where[g["names"][s.index]][2].append((pos, s))
+        for pos, f in enumerate(self.files):
+            for gi, gl in enumerate(self.layouts):
+                for kind in ("masters", "shards"):
+                    piece = self._strategy(pos, kind, gi)
+                    if piece is not None and piece.numel() != _piece_numel(gl, self.ranks[pos]):
+                        raise CheckpointError(f"{path.name}/{prefix}optim_rank{self.ranks[pos]}.pt: its {kind} of "
+                                              f"group {gi} do not have the {_piece_numel(gl, self.ranks[pos])} elements "
+                                              "its layout says; the checkpoint is corrupted")
+
+    def _strategy(self, pos: int, kind: str, gi: int):
+        pieces = (self.files[pos].get("strategy") or {}).get(kind)
+        return pieces[gi] if pieces is not None and gi < len(pieces) else None
+
+    def _optimizer_piece(self, pos: int, gi: int, key: str):
+        optimizer = self.files[pos].get("optimizer")
+        entry = optimizer["state"].get(gi, optimizer["state"].get(str(gi))) if optimizer else None
+        return entry.get(key) if entry is not None else None
+
+    def read(self, source, name: str, lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
+        """Elements [lo, hi) of parameter `name` (flat) into `out`, from `source(pos, gi)`,
+        each old rank's piece of the parameter's group."""
+        gi, _, spans = self.where[name]
+        for pos, s in spans:
+            a, b = max(lo, s.param_lo), min(hi, s.param_lo + s.numel)
+            if a < b:
+                piece = source(pos, gi)
+                start = s.piece_lo + a - s.param_lo
+                out[a - lo : b - lo] = piece[start : start + b - a]
+        return out
+
+    def knows(self, name: str) -> bool:
+        return name in self.where or name in self.module or any(name in v for v in self.aliases.values())
+
+    def has(self, kind: str, name: str) -> bool:
+        return name in self.where and self._strategy(0, kind, self.where[name][0]) is not None
+
+    def model_values(self, name: str, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
+        """A range of a parameter's values: from the fp32 masters where saved, else stage 3's
+        shards, else the module state (whole weights of stages 0-2, and their frozen ones)."""
+        out = torch.empty(hi - lo, dtype=dtype)
+        for kind in ("masters", "shards"):
+            if self.has(kind, name):
+                return self.read(lambda pos, gi, kind=kind: self._strategy(pos, kind, gi), name, lo, hi, out)
+        whole = self.module.get(name)
+        if whole is None:
+            first = next((k for k, v in self.aliases.items() if name in v), None)
+            whole = self.module.get(first) if first is not None else None
+        if whole is None:
+            raise CheckpointError(f"{self.path}: holds no values of parameter {name}; the checkpoint is of "
+                                  "another model or incomplete")
+        return out.copy_(whole.reshape(-1)[lo:hi])
+
+    def optimizer_values(self, key: str, name: str, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(hi - lo, dtype=dtype)
+        return self.read(lambda pos, gi: self._optimizer_piece(pos, gi, key), name, lo, hi, out)
+
+    def optimizer_entry(self, gi: int) -> dict | None:
+        """Rank 0's optimizer state of group gi: scalars kept, per-element keys marked."""
+        optimizer = self.files[0].get("optimizer")
+        if not optimizer:
             return None
-        if not all(torch.is_tensor(p) and p.numel() == old_sizes[gi] for p in pieces):
-            raise CheckpointError(f"{path}: a per-rank state of group {gi} does not have the "
-                                  f"{old_sizes[gi]} elements its layout says; the checkpoint is corrupted")
-        whole = _whole(old_layouts[gi], ranks, pieces)
-        piece = torch.zeros(new_sizes[gi], dtype=whole[0].dtype)
-        return piece_from(whole, new_layouts[gi].spans(rank), piece)
+        return optimizer["state"].get(gi, optimizer["state"].get(str(gi)))
 
-    strategy = {key: [convert(gi, [f["strategy"][key][gi] for f in files]) for gi in range(len(old_sizes))]
-                for key in files[0]["strategy"]}
-    optimizer = files[0]["optimizer"]
-    if optimizer is not None:
+
+def _names(layout: dict) -> list[list[str]]:
+    return [list(g["names"]) for g in layout["groups"]]
+
+
+def reshard_rank_state(path: Path, states: dict, new: dict, rank: int, prefix: str = "",
+                       param_groups: list[dict] | None = None) -> dict:
+    """This rank's {"optimizer", "strategy", "whole"} for layout `new` from a checkpoint whose
+    model_states are `states` (its own layout under "layout"): the optimizer state dict, the
+    strategy state ("shards" for stage 3, "masters" for separate fp32 masters), and "whole",
+    a function name -> the parameter's whole fp32 values for stages 0-2 (called one at a time).
+    `param_groups` are the current optimizer's (their "params" entries are kept)."""
+    old = states["layout"]
+    check_same_model(path, states, new)
+    saved = SavedState(path, states, prefix)
+    new_layouts = group_layouts(path, new)
+    new_names = _names(new)
+    trained = len(param_groups) if param_groups is not None else len(new_names)
+    old_names = _names(old)
+    for gi in range(trained):
+        if gi >= len(old_names) or set(old_names[gi]) != set(new_names[gi]):
+            raise CheckpointError(f"{path}: its parameter group {gi} holds other parameters than this run's; "
+                                  "a checkpoint can change stage and world size, not the model's param groups")
+
+    def piece(gi: int, fill) -> torch.Tensor:
+        gl = new_layouts[gi]
+        out = torch.zeros(_piece_numel(gl, rank), dtype=torch.float32)
+        for s in gl.spans(rank):
+            out[s.piece_lo : s.piece_lo + s.numel] = fill(new_names[gi][s.index], s.param_lo, s.param_lo + s.numel)
+        return out
+
+    def model_piece(gi):
+        return piece(gi, lambda n, lo, hi: saved.model_values(n, lo, hi, torch.float32))
+
+    strategy = {"masters": [model_piece(gi) if gi < trained else None for gi in range(len(new_names))]}
+    if new["scheme"] == "chunked":
+        strategy["shards"] = [strategy["masters"][gi] if gi < trained else model_piece(gi)
+                              for gi in range(len(new_names))]
+
+    optimizer = None
+    if saved.files[0].get("optimizer"):
+        old_opt = saved.files[0]["optimizer"]
         state = {}
-        for index, entry in optimizer["state"].items():
-            gi = int(index)  # one flat master per group: parameter index == group index
-            state[index] = {k: convert(gi, [f["optimizer"]["state"][index][k] for f in files])
-                            if torch.is_tensor(v) and v.numel() == old_sizes[gi] else v
-                            for k, v in entry.items()}
-        optimizer = dict(optimizer, state=state)
-    return {"optimizer": optimizer, "strategy": strategy}
+        for gi in range(trained):
+            entry = saved.optimizer_entry(gi)
+            if entry is None:
+                continue
+            old_numel = _piece_numel(saved.layouts[gi], 0)
+            state[gi] = {k: piece(gi, lambda n, lo, hi, k=k, v=v: saved.optimizer_values(k, n, lo, hi, v.dtype))
+                         if torch.is_tensor(v) and v.dim() > 0 and v.numel() == old_numel else v
+                         for k, v in entry.items()}
+        groups = old_opt["param_groups"]
+        if param_groups is not None:  # torch's optimizer wants its own "params" ids; the stepper has none
+            groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
+                      for cur, was in zip(param_groups, groups)]
+        optimizer = {"state": state, "param_groups": groups}
+
+    def whole(name: str, numel: int) -> torch.Tensor | None:
+        return saved.model_values(name, 0, numel, torch.float32) if saved.knows(name) else None
+
+    return {"optimizer": optimizer, "strategy": strategy, "whole": whole}

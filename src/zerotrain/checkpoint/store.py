@@ -274,14 +274,15 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
                                   "corrupted")
 
 
-def load_file(path: str | os.PathLike, name: str) -> Any:
-    """Load tensors and plain data only; never run code stored in a checkpoint."""
+def load_file(path: str | os.PathLike, name: str, mmap: bool = False) -> Any:
+    """Load tensors and plain data only; never run code stored in a checkpoint. With `mmap`
+    the tensors stay in the file and only the bytes read are paged in (resharding)."""
     file = Path(path) / _check_file_name(name)
     label = f"{Path(path).name}/{name}"
     if not file.is_file():
         raise CheckpointError(f"{label}: missing from the checkpoint at {path}")
     try:
-        return internalize(torch.load(file, map_location="cpu", weights_only=True), Path(path))
+        return internalize(torch.load(file, map_location="cpu", weights_only=True, mmap=mmap), Path(path))
     except pickle.UnpicklingError as err:
         if "Weights only load failed" in str(err):
             raise CheckpointError(

@@ -237,26 +237,32 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
                               "it was written with another pipeline or model-parallel split; load it with that "
                               "split, or write full weights with `zerotrain consolidate`")
     model_states = load_file(path, states_file)
+    layout = engine.strategy.layout(_param_names(engine.module))
     with _applying(path, states_file):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
-        if saved_stage != stage:
-            raise CheckpointError(f"{path} was written at ZeRO stage {saved_stage}, this run is at stage {stage}; "
-                                  "load it at that stage, or write full weights with `zerotrain consolidate` "
-                                  "and load those into the module")
+        relayout = saved_stage != stage or saved_world != shard.world_size
         excluded = set(model_states.get("frozen", ())) if model_states.get("frozen_excluded") else set()
-        _load_module(engine, model_states["module"], strict, excluded)
+        module_state = model_states["module"]
+        if relayout:  # what either layout shards comes from the rank files (reshard.py)
+            excluded |= _layout_names(engine, model_states["layout"]) | _layout_names(engine, layout)
+            sharded = _sharded_names(engine)
+            module_state = {k: v for k, v in module_state.items() if k not in sharded}
+        _load_module(engine, module_state, strict, excluded)
     name = _optim_file(shard.rank if engine.strategy.shards_optimizer else 0, prefix)
-    if saved_world != shard.world_size:  # every old rank's file, cut again for this world
-        layout = engine.strategy.layout(_param_names(engine.module))
+    if relayout:  # every old rank's file, cut again for this layout
         with _applying(path, states_file):
             if not engine.strategy.can_reshard:
-                raise CheckpointError(f"{path} was written by {saved_world} ranks; with NVMe optimizer "
-                                      f"offload it loads only into {saved_world} ranks")
+                raise CheckpointError(f"{path} was written by {saved_world} ranks at ZeRO stage {saved_stage}; with "
+                                      f"NVMe optimizer offload it loads only into {saved_world} ranks at that stage")
             if engine.config.checkpoint.use_node_local_storage:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
                                       f"node holds its own ranks' files); it loads only into {saved_world} ranks")
-            rank_state = reshard_rank_state(path, model_states["layout"], layout, shard.rank, prefix)
+            groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
+            rank_state = reshard_rank_state(path, model_states, layout, shard.rank, prefix, groups)
+            _write_whole_weights(engine, rank_state.pop("whole"))
         name = f"{prefix}optim_rank*.pt"
+        if comm.rank == 0:
+            log.warning("%s", _relayout_notice(path, saved_stage, saved_world, stage, shard.world_size))
     else:
         rank_state = load_file(path, name)
     with _applying(path, name):
@@ -270,7 +276,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             return str(path), model_states["client_state"]
         for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
             setattr(engine, name, int(model_states[name]))
-        if saved_world != shard.world_size:  # the same global batch, accumulated differently
+        if relayout:  # the same global batch, accumulated differently
             engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
@@ -287,6 +293,39 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         with _applying(path, rng_file.name):
             _set_rng_state(rng)
     return str(path), client_state
+
+
+def _layout_names(engine, layout: dict) -> set[str]:
+    """Every state-dict name (tied aliases too) of the parameters a layout holds."""
+    names = {n for g in layout["groups"] for n in g["names"]}
+    names |= {a for n, al in (layout.get("aliases") or {}).items() if n in names for a in al}
+    ids = {id(p) for n, p in engine.module.named_parameters(remove_duplicate=False) if n in names}
+    return {n for n, p in engine.module.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+@torch.no_grad()
+def _write_whole_weights(engine, whole) -> None:
+    """Stages 0-2 hold every weight whole: each is written from the checkpoint's best source
+    (fp32 masters, else shards, else module weights), one parameter at a time."""
+    if engine.strategy.sharded_param_ids():
+        return
+    for name, p in engine.module.named_parameters():
+        values = whole(name, p.numel())
+        if values is not None:  # None: a frozen weight the checkpoint left out keeps its own
+            p.copy_(values.view(p.shape))
+
+
+def _relayout_notice(path, saved_stage, saved_world, stage, world) -> str:
+    """What a resume on another layout carries over, and what it cannot."""
+    text = (f"{path}: written at ZeRO stage {saved_stage} by {saved_world} data-parallel rank(s), loaded at stage "
+            f"{stage} by {world}: weights, fp32 masters, optimizer state, step counters, LR schedule, loss scale "
+            "and feature counters carried over")
+    if saved_world != world:
+        text += (f"; not carried over: the RNG states of ranks {saved_world}-{world - 1} (fresh)" if world > saved_world
+                 else "; not carried over: the RNG states of the ranks beyond the new world size")
+        text += (" and the data position within the epoch (the order of samples is planned per data-parallel "
+                 "size; the step and sample counts are kept)")
+    return text
 
 
 @contextlib.contextmanager

@@ -1,0 +1,78 @@
+"""A checkpoint resumes on another ZeRO stage and data-parallel size (checkpoint/reshard.py):
+the resumed run's next losses are those of the run that never stopped, on its own layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from scenarios import base_config, train
+from asserts import assert_params_close
+
+
+def cfg(stage: int, **extra) -> dict:
+    return base_config(4, 1, zero_optimization={"stage": stage}, **extra)  # global batch 4
+
+
+def mean_losses(ranks: list[dict]) -> list[float]:
+    """The global batch's loss per step: the mean of the ranks' (equal-sized) slices."""
+    return [sum(step) / len(step) for step in zip(*(r["losses"] for r in ranks))]
+
+
+def relative(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("was,now", [(0, 3), (3, 0)])
+def test_two_ranks_change_stage(world2, tmp_path, was, now):
+    full = world2.run(train, cfg(was), 6, 4, save=(str(tmp_path), 3))
+    resumed = world2.run(train, cfg(now), 6, 4, load=(str(tmp_path), None))
+    assert relative(mean_losses(resumed), mean_losses(full)[3:]) <= 1e-5
+    assert_params_close(resumed[0]["params"], full[0]["params"], rtol=1e-5)
+
+
+def test_bf16_masters_carry_over_from_stage3_to_stage0(tmp_path):
+    """One process, so the reduction order is the same and the losses are equal exactly; the
+    fp32 masters, not the bf16 weights, must seed the new masters (which moves them by 5e-5)."""
+    def bf16(stage):  # one micro-batch per step: stages accumulate bf16 gradients differently
+        return base_config(4, 4, zero_optimization={"stage": stage}, bf16={"enabled": True})
+
+    full = train(bf16(3), 6, 4, save=(str(tmp_path), 3))
+    resumed = train(bf16(0), 6, 4, load=(str(tmp_path), None))
+    assert resumed["losses"] == full["losses"][3:]
+    assert_params_close(resumed["params"], full["params"], rtol=0)
+
+
+def test_stage1_on_two_ranks_resumes_at_stage2_on_four(world2, world4, tmp_path):
+    full = world2.run(train, cfg(1), 6, 4, save=(str(tmp_path), 3))
+    resumed = world4.run(train, cfg(2), 6, 4, load=(str(tmp_path), None))
+    assert relative(mean_losses(resumed), mean_losses(full)[3:]) <= 1e-5
+    assert_params_close(resumed[3]["params"], full[0]["params"], rtol=1e-5)
+
+
+def test_a_checkpoint_of_another_model_names_what_differs(tmp_path):
+    import torch
+
+    import zerotrain
+    from scenarios import tiny_gpt
+
+    train(cfg(2), 1, 4, save=(str(tmp_path), 1))
+    model = tiny_gpt()
+    model.lm_head = torch.nn.Linear(32, 65, bias=False)  # another vocabulary size, untied
+    engine, *_ = zerotrain.initialize(model=model, config=cfg(3))
+    with pytest.raises(Exception, match=r"another model: .*lm_head.weight only in this model|"
+                                        r"another model: .*\[64, 32\] there, \[65, 32\] here"):
+        engine.load_checkpoint(str(tmp_path))
+    engine.destroy()
+
+
+def test_a_missing_rank_file_is_named(world2, tmp_path):
+    world2.run(train, cfg(1), 1, 4, save=(str(tmp_path), 1))
+    folder = tmp_path / "global_step1"
+    (folder / "optim_rank1.pt").unlink()
+    import json
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["files"]["optim_rank1.pt"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match=r"optim_rank1.pt is missing \(2 ranks wrote this checkpoint"):
+        train(cfg(3), 2, 4, load=(str(tmp_path), None))
