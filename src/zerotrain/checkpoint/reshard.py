@@ -150,16 +150,25 @@ class SavedState:
                                   "another model or incomplete")
         return out.copy_(whole.reshape(-1)[lo:hi])
 
-    def optimizer_values(self, key: str, name: str, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.zeros(hi - lo, dtype=dtype)
+    def optimizer_values(self, key: str, name: str, lo: int, hi: int) -> torch.Tensor:
+        out = torch.zeros(hi - lo, dtype=torch.float32)
         return self.read(lambda pos, gi: self._optimizer_piece(pos, gi, key), name, lo, hi, out)
 
-    def optimizer_entry(self, gi: int) -> dict | None:
-        """Rank 0's optimizer state of group gi: scalars kept, per-element keys marked."""
+    def optimizer_groups(self) -> list[dict] | None:
+        """The optimizer's param groups (hyperparameters), or None when none was saved."""
+        optimizer = self.files[0].get("optimizer")
+        return optimizer["param_groups"] if optimizer else None
+
+    def optimizer_entry(self, gi: int, names: list[str]) -> dict | None:
+        """Rank 0's optimizer state of the group holding `names` (this run's group gi): the
+        scalars (step) are used as they are, per-element tensors only for their keys."""
         optimizer = self.files[0].get("optimizer")
         if not optimizer:
             return None
         return optimizer["state"].get(gi, optimizer["state"].get(str(gi)))
+
+    def per_element(self, gi: int, key: str, value) -> bool:
+        return torch.is_tensor(value) and value.dim() > 0 and value.numel() == _piece_numel(self.layouts[gi], 0)
 
 
 def _names(layout: dict) -> list[list[str]]:
@@ -168,22 +177,29 @@ def _names(layout: dict) -> list[list[str]]:
 
 def reshard_rank_state(path: Path, states: dict, new: dict, rank: int, prefix: str = "",
                        param_groups: list[dict] | None = None) -> dict:
-    """This rank's {"optimizer", "strategy", "whole"} for layout `new` from a checkpoint whose
-    model_states are `states` (its own layout under "layout"): the optimizer state dict, the
-    strategy state ("shards" for stage 3, "masters" for separate fp32 masters), and "whole",
-    a function name -> the parameter's whole fp32 values for stages 0-2 (called one at a time).
-    `param_groups` are the current optimizer's (their "params" entries are kept)."""
+    """This rank's state for layout `new` from a zerotrain checkpoint whose model_states are
+    `states` (its own layout under "layout"): see `relayout`."""
     old = states["layout"]
     check_same_model(path, states, new)
     saved = SavedState(path, states, prefix)
-    new_layouts = group_layouts(path, new)
-    new_names = _names(new)
-    trained = len(param_groups) if param_groups is not None else len(new_names)
-    old_names = _names(old)
+    trained = len(param_groups) if param_groups is not None else len(new["groups"])
+    old_names, new_names = _names(old), _names(new)
     for gi in range(trained):
         if gi >= len(old_names) or set(old_names[gi]) != set(new_names[gi]):
             raise CheckpointError(f"{path}: its parameter group {gi} holds other parameters than this run's; "
                                   "a checkpoint can change stage and world size, not the model's param groups")
+    return relayout(saved, new, rank, param_groups)
+
+
+def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] | None = None) -> dict:
+    """This rank's {"optimizer", "strategy", "whole"} for layout `new` from `saved`: the
+    optimizer state dict, the strategy state ("shards" for stage 3, "masters" for separate
+    fp32 masters), and "whole", a function (name, numel) -> the parameter's whole fp32 values
+    for stages 0-2, called one parameter at a time. `param_groups` are the current optimizer's
+    (their "params" entries are kept, the hyperparameters are the checkpoint's)."""
+    new_layouts = group_layouts(saved.path, new)
+    new_names = _names(new)
+    trained = len(param_groups) if param_groups is not None else len(new_names)
 
     def piece(gi: int, fill) -> torch.Tensor:
         gl = new_layouts[gi]
@@ -201,18 +217,16 @@ def reshard_rank_state(path: Path, states: dict, new: dict, rank: int, prefix: s
                               for gi in range(len(new_names))]
 
     optimizer = None
-    if saved.files[0].get("optimizer"):
-        old_opt = saved.files[0]["optimizer"]
+    groups = saved.optimizer_groups()
+    if groups is not None:
         state = {}
         for gi in range(trained):
-            entry = saved.optimizer_entry(gi)
+            entry = saved.optimizer_entry(gi, new_names[gi])
             if entry is None:
                 continue
-            old_numel = _piece_numel(saved.layouts[gi], 0)
-            state[gi] = {k: piece(gi, lambda n, lo, hi, k=k, v=v: saved.optimizer_values(k, n, lo, hi, v.dtype))
-                         if torch.is_tensor(v) and v.dim() > 0 and v.numel() == old_numel else v
-                         for k, v in entry.items()}
-        groups = old_opt["param_groups"]
+            state[gi] = {k: piece(gi, lambda n, lo, hi, k=k: saved.optimizer_values(k, n, lo, hi))
+                         if saved.per_element(gi, k, v) else v for k, v in entry.items()}
+        groups = [dict(was) for was in groups[:trained]]
         if param_groups is not None:  # torch's optimizer wants its own "params" ids; the stepper has none
             groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
                       for cur, was in zip(param_groups, groups)]

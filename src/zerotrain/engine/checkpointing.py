@@ -33,7 +33,8 @@ import torch
 
 from ..parallel.tensor.dtensor import load_rank_state_dict, rank_state_dict, split_record
 from ..errors import CheckpointError, ConfigError
-from ..checkpoint.reshard import reshard_rank_state
+from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
+from ..checkpoint.reshard import relayout, reshard_rank_state
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
 from .export import check_save_dir, frozen_names
@@ -224,6 +225,10 @@ def _agreed(engine, load_dir, tag, fallback: bool):
 
 def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
                     load_lr_scheduler_states: bool, load_module_only: bool, fallback: bool = False):
+    ds_folder = deepspeed_folder(load_dir, tag)
+    if ds_folder is not None:  # a folder DeepSpeed wrote: read as it is
+        return load_deepspeed(engine, ds_folder, strict, load_optimizer_states, load_lr_scheduler_states,
+                              load_module_only)
     path = _agreed(engine, load_dir, tag, fallback)
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
@@ -292,6 +297,52 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         rng = load_file(path, rng_file.name)
         with _applying(path, rng_file.name):
             _set_rng_state(rng)
+    return str(path), client_state
+
+
+def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
+                   load_module_only: bool):
+    """A DeepSpeed tag folder (checkpoint/deepspeed.py) into this engine, on its own stage and
+    data-parallel size: weights, fp32 masters, optimizer state, counters, LR schedule, loss scale."""
+    if engine.checkpoint_prefix:
+        raise CheckpointError(f"{path}: DeepSpeed checkpoints load into data-parallel runs; this run has pipeline "
+                              "or tensor parallelism")
+    shard = engine.strategy.comm
+    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    saved = DeepSpeedState(path, names)
+    layout = engine.strategy.layout(_param_names(engine.module))
+    states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
+    with _applying(path, states_file):
+        saved.check_model(layout)
+        sharded = _sharded_names(engine)
+        _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
+                     _layout_names(engine, layout))
+    with _applying(path, "*optim_states.pt"):
+        groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
+        rank_state = relayout(saved, layout, shard.rank, groups)
+        _write_whole_weights(engine, rank_state.pop("whole"))
+        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
+                and rank_state["optimizer"] is not None:
+            engine.optimizer.load_state_dict(rank_state["optimizer"])
+        engine.strategy.load_state_dict(rank_state["strategy"])
+    client_state = saved.client_state()
+    if load_module_only:
+        return str(path), client_state
+    with _applying(path, states_file):
+        for name, value in saved.counters().items():
+            setattr(engine, name, value)
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+        if load_lr_scheduler_states and engine.lr_scheduler is not None and saved.lr_scheduler() is not None:
+            engine.lr_scheduler.load_state_dict(saved.lr_scheduler())
+        scaler = saved.loss_scaler()
+        if load_optimizer_states and engine.loss_scaler is not None and scaler is not None:
+            engine.loss_scaler.load_state_dict(scaler)
+    if engine.comm.rank == 0:
+        log.warning("%s: DeepSpeed %s checkpoint (ZeRO stage %d, %d data-parallel rank(s)) loaded at stage %d by %d: "
+                    "weights, fp32 masters, optimizer state, step counters, LR schedule and loss scale carried over; "
+                    "not carried over: the RNG states and the data position (DeepSpeed saves neither per rank)",
+                    path, saved.states.get("ds_version"), saved.stage, saved.ranks, engine.strategy.stage,
+                    shard.world_size)
     return str(path), client_state
 
 
