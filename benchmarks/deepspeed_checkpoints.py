@@ -50,6 +50,8 @@ def ds_config(stage: int, precision: str, nproc: int) -> dict:
     }
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
     return cfg
 
 
@@ -179,6 +181,8 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--before", type=int, default=3, help="steps before the checkpoint")
     p.add_argument("--after", type=int, default=3, help="steps after it")
+    p.add_argument("--precisions", default="fp32,bf16", help="of fp32, bf16, fp16 (fp16 needs a device DeepSpeed "
+                   "computes fp16 on)")
     p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16) into this folder")
     p.add_argument("--out-dir", default=str(HERE.parent / "runs" / "ds-checkpoints"))
     args = p.parse_args()
@@ -201,7 +205,7 @@ def main() -> None:
     worst = 0.0
     for nproc in (1, 2):
         for stage in (1, 2, 3):
-            for precision in ("fp32", "bf16"):
+            for precision in args.precisions.split(","):
                 folder = Path(args.out_dir) / f"ranks{nproc}-stage{stage}-{precision}"
                 shutil.rmtree(folder, ignore_errors=True)
                 exp = deepspeed_case(python, stage, precision, nproc, folder, args.before, args.after)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...checkpoint.deepspeed import deepspeed_folder
 from ...errors import ConfigError
 from . import run_folder
 from .step import TrainClock
@@ -67,10 +68,20 @@ class SavesAndResumes:
                 save_model(folder, self.model, self.info, state, self.tokenizer)
         return folder
 
+    def _deepspeed_position(self) -> dict:
+        """A checkpoint DeepSpeed wrote holds no place in an epoch: continue after the
+        micro-batches its steps consumed, in this run's sample order."""
+        epoch, micro = divmod(self.engine.global_steps * self.engine.gradient_accumulation_steps(),
+                              self.micro_per_epoch)
+        return {"epoch": epoch, "micro_in_epoch": micro, "tokens": 0, "world_size": self.comm.world_size,
+                "train_time": 0.0, "best_metric": None, "best_checkpoint": None}
+
     def _resume(self) -> int:
         save_dir, tag = self.plan.folder.resume
         path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
         state = (client or {}).get("trainer")
+        if path is not None and state is None and deepspeed_folder(path) is not None:
+            state = self._deepspeed_position()
         if path is None or state is None:
             raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
                               f"{path or save_dir} is not a checkpoint written by `zerotrain train`")
