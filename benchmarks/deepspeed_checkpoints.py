@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -63,15 +62,12 @@ def batch(step: int):
 
 
 def model():
-    """zerotrain's GPT without running zerotrain/__init__ (DeepSpeed's process needs only the model)."""
+    """zerotrain's GPT (in DeepSpeed's venv without running zerotrain/__init__: common.import_gpt)."""
     import torch
 
-    if "zerotrain" not in sys.modules:
-        pkg = types.ModuleType("zerotrain")
-        pkg.__path__ = [str(SRC / "zerotrain")]
-        sys.modules["zerotrain"] = pkg
-    from zerotrain.models import GPT, GPTConfig
+    from common import import_gpt
 
+    GPT, GPTConfig = import_gpt("deepspeed")
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=VOCAB, n_positions=SEQ, n_embd=EMBD, n_layer=LAYERS, n_head=HEADS, bias=False))
 
@@ -126,14 +122,14 @@ def worker(args) -> None:
 
 def deepspeed_case(python: Path, stage: int, precision: str, nproc: int, folder: Path, k: int, n: int) -> dict:
     """One DeepSpeed job writing `folder/global_step{k}` and `folder/expected.json`."""
-    from compare_zero import _free_port, _venv_env, DS_VENV
+    from common import DS_VENV, free_port, venv_env
 
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "expected.json"
     cmd = [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(_free_port()), __file__, "--worker", "--stage", str(stage), "--precision", precision,
+           str(free_port()), __file__, "--worker", "--stage", str(stage), "--precision", precision,
            "--save", str(folder), "--out", str(out), "--before", str(k), "--after", str(n)]
-    r = subprocess.run(cmd, env=_venv_env(DS_VENV), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(cmd, env=venv_env(DS_VENV), capture_output=True, text=True, timeout=900)
     if r.returncode != 0 or not out.exists():
         raise SystemExit(f"DeepSpeed job failed ({stage}, {precision}, {nproc}):\n{(r.stdout + r.stderr)[-4000:]}")
     return json.loads(out.read_text())
@@ -143,7 +139,7 @@ def zerotrain_resume(folder: Path, expected: dict, stage: int, nproc: int) -> li
     """zerotrain resumes the DeepSpeed folder at `stage` on `nproc` ranks: its next losses."""
     out = folder / f"zerotrain-stage{stage}-ranks{nproc}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(__import__("compare_zero")._free_port()), __file__, "--zerotrain", "--stage", str(stage),
+           str(__import__("common").free_port()), __file__, "--zerotrain", "--stage", str(stage),
            "--save", str(folder), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SRC))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
