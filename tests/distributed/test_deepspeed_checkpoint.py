@@ -14,14 +14,14 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed_zero2_bf
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 
 
-def resume(folder: str, stage: int) -> dict:
+def resume(folder: str, stage: int, **model) -> dict:
     """On every rank: zerotrain at `stage` loads the folder and trains DeepSpeed's next steps."""
     import zerotrain
     from scenarios import rank_and_world
     from zerotrain.models import GPT, GPTConfig
 
     rank, world = rank_and_world()
-    spec = dict(EXPECTED["model"])
+    spec = dict(EXPECTED["model"], **model)
     torch.manual_seed(spec.pop("seed") + 1)  # other initial weights: the checkpoint must replace them
     model = GPT(GPTConfig(**spec))
     config = dict(EXPECTED["config"], train_micro_batch_size_per_gpu=4 // world, zero_optimization={"stage": stage})
@@ -68,6 +68,10 @@ def test_wrong_deepspeed_input_is_one_line(tmp_path):
     with pytest.raises(Exception, match=r"optimizer file of data-parallel rank 1 is missing \(2 ranks wrote"):
         resume(str(folder), 2)
     (tmp_path / "rank1.pt").rename(step / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+
+    with pytest.raises(Exception, match=r"a DeepSpeed checkpoint of another model: blocks.0.fc.weight \[64, 16\] "
+                                        r"there, \[128, 32\] here"):
+        resume(str(folder), 2, n_embd=32)
 
     states = load_ds_file(step / "mp_rank_00_model_states.pt")  # memory-mapped: replace the file, never rewrite it
 

@@ -28,7 +28,6 @@ to plain stand-ins and refuses every other class by name.
 from __future__ import annotations
 
 import argparse
-import collections
 import math
 import pickle
 import re
@@ -57,7 +56,7 @@ class _Record:
     """A stand-in for a DeepSpeed object: its attributes, nothing else."""
 
     def __init__(self, *args, **kwargs):
-        self.args, self.__dict__["kwargs"] = args, kwargs
+        self.args = args
         self.__dict__.update(kwargs)
 
     def __setstate__(self, state):
@@ -96,8 +95,6 @@ class _Unpickler(pickle.Unpickler):
             return _STAND_INS[module, name]
         if (module, name) in _TORCH or (module == "torch" and name in _DTYPES):
             return getattr(__import__(module, fromlist=[name]), name)
-        if module == "collections" and name == "OrderedDict":
-            return collections.OrderedDict
         raise pickle.UnpicklingError(f"refused to unpickle {module}.{name}: not one of the plain DeepSpeed "
                                      "and torch classes a DeepSpeed checkpoint holds")
 
