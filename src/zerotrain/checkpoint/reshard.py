@@ -176,7 +176,7 @@ def _names(layout: dict) -> list[list[str]]:
 
 
 def reshard_rank_state(path: Path, states: dict, new: dict, rank: int, prefix: str = "",
-                       param_groups: list[dict] | None = None) -> dict:
+                       param_groups: list[dict] | None = None, masters: bool = True) -> dict:
     """This rank's state for layout `new` from a zerotrain checkpoint whose model_states are
     `states` (its own layout under "layout"): see `relayout`."""
     old = states["layout"]
@@ -188,15 +188,17 @@ def reshard_rank_state(path: Path, states: dict, new: dict, rank: int, prefix: s
         if gi >= len(old_names) or set(old_names[gi]) != set(new_names[gi]):
             raise CheckpointError(f"{path}: its parameter group {gi} holds other parameters than this run's; "
                                   "a checkpoint can change stage and world size, not the model's param groups")
-    return relayout(saved, new, rank, param_groups)
+    return relayout(saved, new, rank, param_groups, masters)
 
 
-def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] | None = None) -> dict:
+def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] | None = None,
+             masters: bool = True) -> dict:
     """This rank's {"optimizer", "strategy", "whole"} for layout `new` from `saved`: the
     optimizer state dict, the strategy state ("shards" for stage 3, "masters" for separate
     fp32 masters), and "whole", a function (name, numel) -> the parameter's whole fp32 values
     for stages 0-2, called one parameter at a time. `param_groups` are the current optimizer's
-    (their "params" entries are kept, the hyperparameters are the checkpoint's)."""
+    (their "params" entries are kept, the hyperparameters are the checkpoint's); `masters`
+    False leaves out the masters of a run that has none apart from its weights."""
     new_layouts = group_layouts(saved.path, new)
     new_names = _names(new)
     trained = len(param_groups) if param_groups is not None else len(new_names)
@@ -211,10 +213,12 @@ def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] |
     def model_piece(gi):
         return piece(gi, lambda n, lo, hi: saved.model_values(n, lo, hi, torch.float32))
 
-    strategy = {"masters": [model_piece(gi) if gi < trained else None for gi in range(len(new_names))]}
+    strategy = {}
     if new["scheme"] == "chunked":
-        strategy["shards"] = [strategy["masters"][gi] if gi < trained else model_piece(gi)
-                              for gi in range(len(new_names))]
+        strategy["shards"] = [model_piece(gi) for gi in range(len(new_names))]
+    if masters:  # separate fp32 masters: the same values as the model's, kept in fp32
+        strategy["masters"] = [strategy["shards"][gi] if "shards" in strategy else model_piece(gi)
+                               for gi in range(trained)] + [None] * (len(new_names) - trained)
 
     optimizer = None
     groups = saved.optimizer_groups()

@@ -263,7 +263,8 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
                 raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
                                       f"node holds its own ranks' files); it loads only into {saved_world} ranks")
             groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
-            rank_state = reshard_rank_state(path, model_states, layout, shard.rank, prefix, groups)
+            rank_state = reshard_rank_state(path, model_states, layout, shard.rank, prefix, groups,
+                                            masters=engine.strategy.stepper is not None)
             _write_whole_weights(engine, rank_state.pop("whole"))
         name = f"{prefix}optim_rank*.pt"
         if comm.rank == 0:
@@ -319,7 +320,7 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
                      _layout_names(engine, layout))
     with _applying(path, "*optim_states.pt"):
         groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
-        rank_state = relayout(saved, layout, shard.rank, groups)
+        rank_state = relayout(saved, layout, shard.rank, groups, masters=engine.strategy.stepper is not None)
         _write_whole_weights(engine, rank_state.pop("whole"))
         if not load_module_only and load_optimizer_states and engine.optimizer is not None \
                 and rank_state["optimizer"] is not None:
