@@ -245,16 +245,16 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     layout = engine.strategy.layout(_param_names(engine.module))
     with _applying(path, states_file):
         saved_stage, saved_world = model_states["zero_stage"], model_states["world_size"]
-        relayout = saved_stage != stage or saved_world != shard.world_size
+        changed = saved_stage != stage or saved_world != shard.world_size
         excluded = set(model_states.get("frozen", ())) if model_states.get("frozen_excluded") else set()
         module_state = model_states["module"]
-        if relayout:  # what either layout shards comes from the rank files (reshard.py)
+        if changed:  # what either layout shards comes from the rank files (reshard.py)
             excluded |= _layout_names(engine, model_states["layout"]) | _layout_names(engine, layout)
             sharded = _sharded_names(engine)
             module_state = {k: v for k, v in module_state.items() if k not in sharded}
         _load_module(engine, module_state, strict, excluded)
     name = _optim_file(shard.rank if engine.strategy.shards_optimizer else 0, prefix)
-    if relayout:  # every old rank's file, cut again for this layout
+    if changed:  # every old rank's file, cut again for this layout
         with _applying(path, states_file):
             if not engine.strategy.can_reshard:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks at ZeRO stage {saved_stage}; with "
@@ -262,8 +262,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             if engine.config.checkpoint.use_node_local_storage:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
                                       f"node holds its own ranks' files); it loads only into {saved_world} ranks")
-            groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
-            rank_state = reshard_rank_state(path, model_states, layout, shard.rank, prefix, groups,
+            rank_state = reshard_rank_state(path, model_states, layout, shard.rank, prefix, _groups(engine),
                                             masters=engine.strategy.stepper is not None)
             _write_whole_weights(engine, rank_state.pop("whole"))
         name = f"{prefix}optim_rank*.pt"
@@ -282,7 +281,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             return str(path), model_states["client_state"]
         for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
             setattr(engine, name, int(model_states[name]))
-        if relayout:  # the same global batch, accumulated differently
+        if changed:  # the same global batch, accumulated differently
             engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
@@ -319,8 +318,7 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
         _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
                      _layout_names(engine, layout))
     with _applying(path, "*optim_states.pt"):
-        groups = engine.optimizer.state_dict()["param_groups"] if engine.optimizer is not None else None
-        rank_state = relayout(saved, layout, shard.rank, groups, masters=engine.strategy.stepper is not None)
+        rank_state = relayout(saved, layout, shard.rank, _groups(engine), masters=engine.strategy.stepper is not None)
         _write_whole_weights(engine, rank_state.pop("whole"))
         if not load_module_only and load_optimizer_states and engine.optimizer is not None \
                 and rank_state["optimizer"] is not None:
@@ -345,6 +343,21 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
                     path, saved.states.get("ds_version"), saved.stage, saved.ranks, engine.strategy.stage,
                     shard.world_size)
     return str(path), client_state
+
+
+def _groups(engine) -> list[dict] | None:
+    """The optimizer's param groups as its state dict names them, without copying its state as
+    state_dict() would: torch's name parameters by index, the blockwise stepper's none."""
+    if engine.optimizer is None:
+        return None
+    out, index = [], 0
+    for group in engine.optimizer.param_groups:
+        entry = {k: v for k, v in group.items() if k != "params"}
+        if engine.strategy.stepper is None:
+            entry["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+        out.append(entry)
+    return out
 
 
 def _layout_names(engine, layout: dict) -> set[str]:
