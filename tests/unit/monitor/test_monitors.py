@@ -1,6 +1,6 @@
 """DeepSpeed's monitor blocks through the engine (Train/Samples/train_loss, lr, loss_scale at
-step = samples). W&B is a fake module here: the real one is a 20 MB download with a service
-binary, too heavy for the test extras."""
+step = samples). W&B twice: a fake module that pins wandb's call shape, and the real package in
+offline mode, its run file read back from disk."""
 
 from __future__ import annotations
 
@@ -57,6 +57,21 @@ def test_the_monitor_blocks_write_deepspeeds_events(tmp_path, fake_wandb):
                                  "Train/Samples/lr": pytest.approx(0.1)}
     engine.destroy()
     assert fake.finished == 1
+
+
+def test_the_wandb_block_writes_an_offline_run_with_the_engines_metrics(offline_wandb):
+    engine, losses = train({"wandb": {"enabled": True, "project": "zt-offline", "group": "g"},
+                            "fp16": {"enabled": False}})
+    engine.destroy()  # finishes the run
+    recs = offline_wandb.records()
+    assert [e.get("exit_code", 0) for e in offline_wandb.of_type(recs, "exit")] == [0]  # finished once
+    [run] = offline_wandb.of_type(recs, "run")
+    assert (run["project"], run["run_group"]) == ("zt-offline", "g")
+    logged = offline_wandb.history(recs)
+    assert [s for s, _ in logged] == [4, 8, 12]  # samples trained so far
+    for (_, item), loss in zip(logged, losses):
+        assert item["Train/Samples/train_loss"] == pytest.approx(loss, rel=1e-6)
+        assert item["Train/Samples/lr"] == pytest.approx(0.1) and "Train/Samples/loss_scale" not in item
 
 
 def test_fp16_adds_the_loss_scale(tmp_path):

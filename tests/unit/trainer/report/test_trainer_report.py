@@ -1,5 +1,5 @@
 """What a run writes for people to read: metrics.jsonl, TensorBoard events, the report_to
-sinks (W&B as a fake module), the plot."""
+sinks (W&B as a fake module, and the real one offline), the plot."""
 
 from __future__ import annotations
 
@@ -73,3 +73,16 @@ def test_report_to_takes_several_sinks(tmp_path, fake_wandb):
         preflight(Options.parse(options(tmp_path, report_to="mlflow")), 1)
     with pytest.raises(ConfigError, match="did you mean tensorboard"):
         Options.parse(options(tmp_path, report_to="tensorbord"))
+
+
+def test_report_to_wandb_writes_an_offline_run_under_the_output_dir(tmp_path, offline_wandb, monkeypatch):
+    monkeypatch.setenv("WANDB_PROJECT", "zt-trainer")
+    monkeypatch.delenv("WANDB_DIR")  # wandb.init gets dir=OUTPUT_DIR from the trainer
+    _, metrics = run(options(tmp_path, report_to="wandb", max_steps=3))
+    recs = offline_wandb.records(tmp_path / "out")
+    assert [e.get("exit_code", 0) for e in offline_wandb.of_type(recs, "exit")] == [0]  # finished once
+    [run_record] = offline_wandb.of_type(recs, "run")
+    assert run_record["project"] == "zt-trainer" and run_record["display_name"] == "out"
+    losses = [(r["step"], r["loss"]) for r in metrics if "loss" in r]
+    assert [(s, item["loss"]) for s, item in offline_wandb.history(recs) if "loss" in item] == \
+        [(s, pytest.approx(v, rel=1e-6)) for s, v in losses] and len(losses) == 3
