@@ -58,3 +58,25 @@ def test_save_checkpoint_refuses_tags_that_differ_between_ranks(world2, tmp_path
     assert said == ["save_checkpoint: the ranks were given different tags (rank 0: 'tag-0', rank 1: 'tag-1'); "
                     "pass the same tag on every rank"] * 2
     assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+def save_under_rank_folders(folder: str) -> str:
+    """HelloDeepSpeed's train_bert_ds.py names its folder from each rank's clock: ranks can
+    disagree by a second."""
+    rank, _ = rank_and_world()
+    engine, *_ = zerotrain.initialize(model=tiny_gpt(), config=base_config(2, 1))
+    try:
+        engine.save_checkpoint(f"{folder}/run-{rank}", tag="t")
+    except ConfigError as err:
+        return str(err).replace(folder, "F")
+    finally:
+        engine.destroy()
+    return "saved"
+
+
+def test_save_checkpoint_refuses_folders_that_differ_between_ranks(world2, tmp_path):
+    said = world2.run(save_under_rank_folders, str(tmp_path))
+    assert said == ["save_checkpoint: the ranks were given different folders (rank 0: 'F/run-0', rank 1: "
+                    "'F/run-1'); pass the same save_dir on every rank (make a run-dependent name on rank 0 "
+                    "and broadcast it)"] * 2
+    assert not any(tmp_path.iterdir()), "nothing is written"

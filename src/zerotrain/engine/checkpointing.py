@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 
 import numpy as np
@@ -120,17 +121,26 @@ def _writes_model_states(engine) -> bool:
     return engine.strategy.comm.rank == 0
 
 
-def _same_tag(comm, tag):
+def _same_tag(comm, tag, folder: str | None = None):
     """One checkpoint is one folder: ranks given different tags (a rank-dependent name) would
     each write part of one into a folder of its own. Compared before validating, so that a tag
-    bad on one rank only fails every rank together."""
+    bad on one rank only fails every rank together. `folder` (the save_dir, unless each node
+    keeps its own) is compared too: a name made per rank from the clock would otherwise leave
+    the non-writing ranks saving into a folder nobody created."""
     if comm.world_size == 1:
         return tag
-    tags = comm.all_gather_object(tag)
+    said = comm.all_gather_object((tag, folder))
+    tags = [t for t, _ in said]
     odd = next((r for r, t in enumerate(tags) if t != tags[0]), None)
     if odd is not None:
         raise ConfigError(f"save_checkpoint: the ranks were given different tags (rank 0: {tags[0]!r}, rank "
                           f"{odd}: {tags[odd]!r}); pass the same tag on every rank")
+    folders = [f for _, f in said]
+    odd = next((r for r, f in enumerate(folders) if f != folders[0]), None)
+    if odd is not None:
+        raise ConfigError(f"save_checkpoint: the ranks were given different folders (rank 0: {folders[0]!r}, "
+                          f"rank {odd}: {folders[odd]!r}); pass the same save_dir on every rank (make a "
+                          "run-dependent name on rank 0 and broadcast it)")
     return tag
 
 
@@ -138,7 +148,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                     exclude_frozen: bool = False) -> bool:
     check_save_dir(save_dir, "save_checkpoint")
     comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
-    tag = validate_tag(_same_tag(comm, tag if tag is not None else f"global_step{engine.global_steps}"))
+    folder = None if engine.config.checkpoint.use_node_local_storage else os.path.abspath(save_dir)
+    tag = validate_tag(_same_tag(comm, tag if tag is not None else f"global_step{engine.global_steps}", folder))
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
     frozen = sorted(frozen_names(engine.module))
