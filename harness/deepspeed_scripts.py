@@ -236,6 +236,7 @@ def run_one(name: str, spec: dict, work: Path, nprocs: int, timeout: int, src: P
         log = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + \
               ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
     seconds = round(time.time() - start, 1)
+    log = log.replace(str(work), ".")  # the temporary folder's name says nothing
     losses = [float(x) for x in re.findall(spec["loss"], log)] if spec.get("loss") else []
     # what zerotrain's engine logs every steps_per_print, whatever the script prints
     engine_losses = [float(x) for x in re.findall(r"\[zerotrain\] step=\d+ loss=([0-9.]+)", log)]
@@ -255,7 +256,9 @@ def _cell(run: dict) -> str:
 
 
 def write_table(records: list[dict], into: Path, command: str) -> Path:
-    lines = [f"Run with `{command}`, scripts from {records[0]['source'] if records else REPO}.", "",
+    commits = sorted({r["commit"][:12] for r in records}) or [COMMIT[:12]]
+    lines = [f"`{command}`: scripts of {REPO} at {', '.join(commits)}; "
+             "stand-ins as the script's SCRIPTS lists them.", "",
              "| script | stand-ins | 1 process | 2 processes |", "| --- | --- | --- | --- |"]
     for rec in records:
         whys = [e["why"] for e in rec["changes"]["edits"]]
