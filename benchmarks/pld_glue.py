@@ -1,301 +1,571 @@
-"""The PLD recipe's table at this machine's scale: pretrain a Pre-LN BERT (MLM) with and without
-progressive layer drop for equal wall-clock, fine-tune both on three GLUE-format tasks, compare.
+"""Study: progressive layer drop on a Pre-LN BERT (MLM), then fine-tuning on three GLUE-format
+tasks built from real text, with and without PLD and from a random initialisation.
 
-    python benchmarks/pld_glue.py [--minutes 3 --out runs/pld_glue]     (~15 min on 2 busy cores)
-    python benchmarks/pld_glue.py --quick                                (smoke run, ~2 min)
+    python benchmarks/pld_glue.py             # run the runs not done yet (resumable), then the report
+    python benchmarks/pld_glue.py --report    # only rebuild the tables, plots and page section
+    python benchmarks/pld_glue.py --list      # the fixed run list and what is done
+    python benchmarks/pld_glue.py --diagnose  # the short fine-tuning experiments (small BERT)
+    python benchmarks/pld_glue.py --quick --out /tmp/pq   # a tiny model, a few steps (the test)
 
-Pretraining (one process, one thread): two engines built from the same BERT config (the seed's
-keys, scaled: 6 layers, hidden 128, FFN 512, dropout 0.1; byte-level tokens of this
-interpreter's standard library, sequences of 128, 16 per step), each with the seed's
-DeepSpeed settings (Adam with bias_correction false, lr 1e-3, weight decay 0.01, clipping 1.0;
-fp32 here: fp16 matmuls on a CPU are slower) and the seed's warmup_linear_decay_exp schedule
-(2% warmup, 0.99 per decay_steps, decay_steps scaled to the run). One of them adds the PLD
-block with theta 0.5 and a gamma that brings theta within 0.01 of 0.5 after a quarter of the
-run. Their steps alternate (each next step goes to whichever has trained for less time), so
-the machine's drift hits both alike, and each stops at --minutes of its own step time: equal
-wall-clock, PLD doing more steps in it.
+One process, one thread. Text: benchmarks/study_text.py (English docs, vim help, Python stdlib,
+de-duplicated by hash, then 1 file in 10 held out); bytes as tokens plus three ids: 256 [CLS]
+(also [SEP]), 257 [PAD], 258 [MASK]. Every pretraining window starts with [CLS], as BERT's do,
+so the position the classifier pools from is one the encoder has learnt.
 
-Fine-tuning: both pretrained folders go to `zerotrain train --task_name ... --data_dir ...
---init_from ...` on three tasks this script writes in GLUE's own layouts from the standard
-library's lines (held-out files for dev):
+Pretraining (the third source document's recipe, scaled): the built-in Pre-LN BERT, 6 layers,
+hidden 384, 6 heads, FFN 1536, dropout 0.1 (10.8M parameters), MLM on 15% of positions
+(80/10/10), sequences of 128, batch 16; Adam with bias_correction false, lr 1e-3, weight decay
+0.01, clipping 1.0; the warmup_linear_decay_exp schedule (2% warmup, 0.99 every N/200 steps).
+Per seed (0 and 1) one job races two engines in one process, each next step going to the one
+that has trained for less time: the baseline trains N = 400 steps (6,400 samples); PLD (theta
+0.5, gamma = ln(50) / (N/4), so theta is within 0.01 of 0.5 after a quarter of the run) trains
+until its summed step time reaches the baseline's (equal wall-clock). Held-out MLM loss (eval
+mode, all layers, 8 fixed masked batches of held-out text) every N/10 steps of each run.
+Targets: PLD samples/s >= 1.24x the baseline's (over the steps after theta settled), and PLD
+reaching the baseline's final held-out loss in <= 0.8x the baseline's wall-clock.
 
-    mrpc-like   paraphrase: is the second line the first with one word changed, or
-                another line of the same file?                                  accuracy / F1
-    cola-like   acceptability: a real line, or one with its words shuffled? Matthews corr.
-    stsb-like   graded similarity: a line and a copy with k of 5 word slots replaced from
-                other lines, score 5 - k (plus noise in [0, 1)); Pearson / Spearman
+Fine-tuning: three tasks written in GLUE's layouts (train from training files, dev from
+held-out files; `zerotrain train --task_name ... --data_dir` reads the same folders), each
+balanced so the majority class is 50%:
 
-The two fine-tunes of a task run side by side (two processes), with the same options. The
-table has the seed's shape: a column per task with its GLUE metric, a row per pretraining,
-plus pretraining samples/s and the average. It also says which share of the step layer drop
-could remove: the blocks' share of step time implied by the measured speed-up and the mean
-fraction of blocks the masks kept.
+    cola-like  one line of Python: does it parse on its own (ast.parse)?          MCC / accuracy
+    mrpc-like  two lines: from the same function, or from two functions of two
+               different files?                                                  F1 / accuracy
+    stsb-like  two lines: 5 x the Jaccard overlap of their identifier sets, a fifth
+               of the pairs in each fifth of the range 0-5                       Pearson / Spearman
+
+For each pretraining seed, three starts (baseline, PLD, random init of the same shape) x three
+tasks: 2,000 training rows, 3 epochs, batch 32, AdamW lr 1e-4 (bias correction on), linear
+warmup 10% then linear decay, dropout 0.1, the built-in classifier's pooler and head fed the
+mean of the encoder's outputs over the line (not its first position: see --diagnose), dev
+metrics at the end. A task counts as learnt when
+a model beats the majority class by >= 5 accuracy points, MCC >= 0.1, Pearson >= 0.2.
+About 90 CPU-minutes in all; 3-5 hours of wall-clock on the shared 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
-import os
 import random
-import subprocess
+import re
 import sys
-import sysconfig
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-SEQ, BATCH = 128, 16
-BERT = {"vocab_size_or_config_json_file": 259, "hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 2,
-        "intermediate_size": 512, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1, "max_position_embeddings": SEQ, "type_vocab_size": 2,
-        "initializer_range": 0.02}
-PRETRAIN_DS = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": BATCH, "steps_per_print": 100000,
-               "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01, "bias_correction": False}},
-               "gradient_clipping": 1.0, "wall_clock_breakdown": False}
-FINETUNE_DS = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-               "optimizer": {"type": "Adam", "params": {"lr": "auto", "weight_decay": 0.0, "bias_correction": False}},
-               "gradient_clipping": 1.0}
-TASKS = {"mrpc": ("MRPC", ("accuracy", "f1")), "cola": ("CoLA", ("matthews_correlation",)),
-         "stsb": ("STS-B", ("pearson", "spearmanr"))}
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from code_tasks import CLS, TASKS, encode, learnt, make_tasks, metrics, write_glue  # noqa: E402
+from study_runs import Job, Study, first_reach, machine, markdown_table, mean, plt  # noqa: E402
+from study_text import load_corpus, windows  # noqa: E402
+
+ROOT = HERE.parent
+PAGE = ROOT / "docs" / "curriculum-and-layer-drop.md"
+MASK, VOCAB = 258, 259  # after the bytes, CLS and PAD (code_tasks.py)
 
 
-# ---- data ------------------------------------------------------------------------------------
-def stdlib_files() -> list[Path]:
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+@dataclass
+class Plan:
+    seq: int = 128
+    batch: int = 16
+    bert: dict = field(default_factory=lambda: dict(n_embd=384, n_layer=6, n_head=6, n_inner=1536, dropout=0.1))
+    steps: int = 400
+    evals: int = 10
+    eval_batches: int = 8
+    seeds: tuple = (0, 1)
+    ft_rows: int = 2000
+    ft_dev: int = 500
+    ft_epochs: int = 3
+    ft_batch: int = 32
+    ft_lr: float = 1e-4
+    ft_line: tuple = (16, 56)  # line lengths kept (characters)
+    max_files: int | None = None
+    weights: Path = ROOT / "runs" / "pld_glue_weights"
 
 
-def code_lines(files: list[Path]) -> dict[str, list[str]]:
-    out = {}
-    for f in files:
-        lines = [" ".join(line.split()) for line in f.read_text(encoding="utf-8", errors="replace").splitlines()]
-        lines = [x for x in lines if 24 <= len(x) <= 60 and len(x.split()) >= 4 and "\t" not in x]
-        if len(lines) >= 8:
-            out[f.name] = lines
-    return out
+QUICK = Plan(seq=32, batch=4, bert=dict(n_embd=32, n_layer=2, n_head=2, n_inner=64, dropout=0.1), steps=6, evals=2,
+             eval_batches=1, seeds=(0,), ft_rows=16, ft_dev=16, ft_epochs=1, ft_batch=8, max_files=6)
 
 
-def _tsv(path: Path, header: list[str] | None, rows: list[list[str]]) -> None:
-    lines = ([header] if header else []) + rows
-    path.write_text("".join("\t".join(r) + "\n" for r in lines), encoding="utf-8")
+# ---- model and masking -------------------------------------------------------------------------
+def bert_config(plan: Plan, num_labels: int = 2):
+    from zerotrain.models import BertConfig
+
+    return BertConfig(vocab_size=VOCAB, n_positions=max(plan.seq, 2 * plan.ft_line[1] + 3), num_labels=num_labels,
+                      **plan.bert)
 
 
-def write_tasks(root: Path, n_train: int, n_dev: int, seed: int = 0) -> None:
-    """Three task folders under root, in the layouts GLUE distributes (dev from held-out files)."""
-    files = stdlib_files()
-    splits = {"train": code_lines([f for i, f in enumerate(files) if i % 10]),
-              "dev": code_lines([f for i, f in enumerate(files) if i % 10 == 0])}
-    rng = random.Random(seed)
-    for split, n in (("train", n_train), ("dev", n_dev)):
-        by_file = splits[split]
-        names = sorted(by_file)
-        pool = [x for name in names for x in by_file[name]]
-        mrpc, cola, stsb = [], [], []
-        for i in range(n):
-            f = rng.choice(names)
-            a = rng.choice(by_file[f])
-            same = i % 2 == 0  # a paraphrase: the line with one word changed; else another line of its file
-            words = a.split()
-            if same:
-                words[rng.randrange(len(words))] = rng.choice(rng.choice(pool).split())
-            b = " ".join(words) if same else rng.choice([x for x in by_file[f] if x != a] or [a])
-            mrpc.append([str(int(same)), str(2 * i), str(2 * i + 1), a, b])
-            words = a.split()
-            good = i % 2 == 0
-            if not good:
-                while words == a.split():
-                    rng.shuffle(words)
-            cola.append(["stdlib", str(int(good)), "" if good else "*", " ".join(words)])
-            k = i % 6
-            slots = a.split()
-            for j in rng.sample(range(len(slots)), min(len(slots), round(k * len(slots) / 5))):
-                slots[j] = rng.choice(rng.choice(pool).split())
-            score = min(5.0, 5 - k + rng.random())
-            stsb.append([str(i), "code", "stdlib", "2026", f"{i:04d}", "none", "none", a, " ".join(slots),
-                         f"{score:.3f}"])
-        name = "train.tsv" if split == "train" else "dev.tsv"
-        for task, header, rows in (("MRPC", ["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"], mrpc),
-                                   ("CoLA", None, cola),
-                                   ("STS-B", ["index", "genre", "filename", "year", "old_index", "source1",
-                                              "source2", "sentence1", "sentence2", "score"], stsb)):
-            (root / task).mkdir(parents=True, exist_ok=True)
-            _tsv(root / task / name, header, rows)
-
-
-# ---- pretraining -----------------------------------------------------------------------------
-def corpus_ids(tokenizer) -> torch.Tensor:
-    files = [f for i, f in enumerate(stdlib_files()) if i % 10]  # the fine-tuning dev files stay unseen
-    text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
-    return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-
-
-def mlm_batch(stream: torch.Tensor, step: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step * 7919)
-    starts = torch.randint(0, len(stream) - SEQ, (BATCH,), generator=g)
-    ids = torch.stack([stream[s: s + SEQ] for s in starts.tolist()])
+def mlm_batch(stream: torch.Tensor, plan: Plan, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[CLS] + 127 bytes; 15% of the byte positions picked: 80% [MASK], 10% a random byte, 10% kept."""
+    g = torch.Generator().manual_seed(seed)
+    ids = windows(stream, plan.batch, plan.seq - 1, seed)
     picked = torch.rand(ids.shape, generator=g) < 0.15
     labels = torch.where(picked, ids, torch.full_like(ids, -100))
     roll = torch.rand(ids.shape, generator=g)
-    inputs = torch.where(picked & (roll < 0.8), torch.full_like(ids, mask_id), ids)
+    inputs = torch.where(picked & (roll < 0.8), torch.full_like(ids, MASK), ids)
     inputs = torch.where(picked & (roll >= 0.8) & (roll < 0.9), torch.randint(0, 256, ids.shape, generator=g), inputs)
-    return inputs, labels
+    cls = torch.full((plan.batch, 1), CLS)
+    return torch.cat([cls, inputs], 1), torch.cat([torch.full_like(cls, -100), labels], 1)
 
 
-def build_engine(pld: dict | None, steps_estimate: int):
+# ---- pretraining -------------------------------------------------------------------------------
+def build_pretrain(plan: Plan, seed: int, pld: dict | None):
     import zerotrain
-    from zerotrain.models import BertConfig, PreLNBertMLM
-    from zerotrain.models.bert import bert_config_keys
+    from zerotrain.models import PreLNBertMLM
 
-    torch.manual_seed(0)
-    model = PreLNBertMLM(BertConfig(**bert_config_keys(BERT)))
-    cfg = json.loads(json.dumps(PRETRAIN_DS))
+    torch.manual_seed(seed)
+    model = PreLNBertMLM(bert_config(plan))
+    cfg = {"train_batch_size": plan.batch, "train_micro_batch_size_per_gpu": plan.batch, "steps_per_print": 10**9,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01, "bias_correction": False}},
+           "gradient_clipping": 1.0}
     if pld:
         cfg["progressive_layer_drop"] = {"enabled": True, **pld}
-    warmup, decay_steps = max(1, round(0.02 * steps_estimate)), max(1, steps_estimate // 200)
-    schedule = lambda opt: zerotrain.get_scheduler("warmup_linear_decay_exp", opt, warmup, steps_estimate,  # noqa: E731
+    warmup, decay_steps = max(1, round(0.02 * plan.steps)), max(1, plan.steps // 200)
+    schedule = lambda opt: zerotrain.get_scheduler("warmup_linear_decay_exp", opt, warmup, plan.steps,  # noqa: E731
                                                    decay_rate=0.99, decay_steps=decay_steps)
     engine, *_ = zerotrain.initialize(model=model, config=cfg, lr_scheduler=schedule)
-    return engine, model
+    return engine, model, cfg
 
 
-def pretrain(out: Path, seconds: float, quick: bool) -> dict:
+@torch.no_grad()
+def mlm_val_loss(engine, val: torch.Tensor, plan: Plan) -> float:
+    engine.eval()
+    total = 0.0
+    for i in range(plan.eval_batches):
+        inputs, labels = mlm_batch(val, plan, 10**7 + i)
+        total += engine(inputs, labels=labels).item()
+    engine.train()
+    return total / plan.eval_batches
+
+
+def pretrain(plan: Plan, seed: int, corpus) -> dict:
     from zerotrain.features.layer_drop import keep_probabilities
-    from zerotrain.trainer.data.tokenizer import byte_tokenizer
-    from zerotrain.trainer.model.build import ModelInfo, save_model
 
-    tok = byte_tokenizer()
-    stream = corpus_ids(tok)
-    probe, _ = build_engine(None, 1000)  # calibration: the baseline's step time sets the run's step count
-    for k in range(2 if quick else 4):
-        inputs, labels = mlm_batch(stream, k, tok.mask_token_id)
-        start = time.perf_counter()
-        probe.backward(probe(inputs, labels=labels))
-        probe.step()
-    step_time = time.perf_counter() - start  # the last of a few steps
-    del probe
-    estimate = max(20, int(seconds / step_time))
-    gamma = math.log(50) / (0.25 * estimate)  # theta within 0.01 of 0.5 after a quarter of the baseline's steps
-    runs = {"baseline": build_engine(None, estimate), "pld": build_engine({"theta": 0.5, "gamma": gamma}, estimate)}
-    spent = {name: 0.0 for name in runs}
-    steps = {name: 0 for name in runs}
-    kept = []  # expected fraction of blocks PLD's masks keep, per step
-    losses = {name: [] for name in runs}
-    while min(spent.values()) < seconds:
-        name = min(spent, key=spent.get)
-        engine, _ = runs[name]
-        inputs, labels = mlm_batch(stream, steps[name], tok.mask_token_id)
-        start = time.perf_counter()
+    print(corpus.describe(), flush=True)
+    gamma = math.log(50) / (0.25 * plan.steps)
+    arms = {"baseline": build_pretrain(plan, seed, None),
+            "pld": build_pretrain(plan, seed, {"theta": 0.5, "gamma": gamma})}
+    logs = {a: {"steps": [], "evals": [], "wall": 0.0, "cpu": 0.0} for a in arms}
+    every = max(1, plan.steps // plan.evals)
+
+    def evaluate(arm):
+        lg = logs[arm]
+        lg["evals"].append({"step": len(lg["steps"]), "samples": len(lg["steps"]) * plan.batch,
+                            "wall_s": round(lg["wall"], 3), "cpu_s": round(lg["cpu"], 3),
+                            "val_loss": mlm_val_loss(arms[arm][0], corpus.val, plan)})
+
+    for arm in arms:
+        evaluate(arm)
+
+    def live(arm):
+        if arm == "baseline":
+            return len(logs[arm]["steps"]) < plan.steps
+        return len(logs["baseline"]["steps"]) < plan.steps or logs["pld"]["wall"] < logs["baseline"]["wall"]
+
+    n_layer = plan.bert["n_layer"]
+    while any(live(a) for a in arms):
+        arm = min((a for a in arms if live(a)), key=lambda a: logs[a]["wall"])
+        engine, lg = arms[arm][0], logs[arm]
+        k = len(lg["steps"])
+        theta = engine.get_pld_theta() if arm == "pld" else 1.0  # what this step uses
+        inputs, labels = mlm_batch(corpus.train, plan, seed * 1_000_003 + k)
+        w, c = time.perf_counter(), time.process_time()
         loss = engine(inputs, labels=labels)
         engine.backward(loss)
         engine.step()
-        spent[name] += time.perf_counter() - start
-        steps[name] += 1
-        losses[name].append(loss.item())
-        if name == "pld":
-            theta = engine.get_pld_theta()
-            kept.append(sum(keep_probabilities(BERT["num_hidden_layers"], theta)) / BERT["num_hidden_layers"])
-    result = {"gamma": gamma, "steps_estimate": estimate}
-    for name, (engine, model) in runs.items():
-        folder = out / f"pretrained_{name}"
-        cfg = model.cfg
-        save_model(folder, model, ModelInfo("bert", "mlm", cfg.n_positions, cfg.n_embd, dataclasses.asdict(cfg)),
-                   engine.module_state_dict(), tok)
-        tail = losses[name][-20:]
-        result[name] = {"steps": steps[name], "seconds": round(spent[name], 1),
-                        "samples_per_s": steps[name] * BATCH / spent[name], "final_mlm_loss": sum(tail) / len(tail)}
-    result["mean_kept_fraction"] = sum(kept) / len(kept)
-    return result
+        lg["wall"] += time.perf_counter() - w
+        lg["cpu"] += time.process_time() - c
+        kept = sum(keep_probabilities(n_layer, theta)) / n_layer if arm == "pld" else 1.0
+        lg["steps"].append([k + 1, float(loss.item()), float(theta), round(kept, 4), round(lg["wall"], 3),
+                            round(lg["cpu"], 3)])
+        if (k + 1) % every == 0 or not live(arm):
+            evaluate(arm)
+    plan.weights.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for arm, (engine, model, cfg) in arms.items():
+        torch.save(engine.module_state_dict(), weights_path(plan, seed, arm))
+        lg = logs[arm]
+        settled = next((s[0] - 1 for s in lg["steps"] if s[2] <= 0.51), 0) if arm == "pld" else 0
+        out[f"pretrain-{arm}-s{seed}"] = {
+            "study": "pld_glue", "kind": "pretrain", "arm": arm, "seed": seed, "params": sum(p.numel() for p in
+                                                                                              model.parameters()),
+            "bert": plan.bert, "seq": plan.seq, "batch": plan.batch, "planned_steps": plan.steps, "gamma": gamma,
+            "ds_config": cfg, "corpus": corpus.stats, "machine_start": machine(),
+            "steps": lg["steps"], "evals": lg["evals"], "settled_from_step": settled,
+            "final": {"steps": len(lg["steps"]), "samples": len(lg["steps"]) * plan.batch, "wall_s": round(lg["wall"], 2),
+                      "cpu_s": round(lg["cpu"], 2), "val_loss": lg["evals"][-1]["val_loss"]}}
+        print(f"  pretrain {arm} seed {seed}: {len(lg['steps'])} steps in {lg['wall']:.0f}s, held-out MLM "
+              f"{lg['evals'][-1]['val_loss']:.4f}", flush=True)
+    return out
 
 
-# ---- fine-tuning ------------------------------------------------------------------------------
-def finetune_args(task: str, data: Path, init: Path, out: Path, config: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "zerotrain", "train", "--task_name", task, "--data_dir", str(data / TASKS[task][0]),
-            "--model_config", str(config), "--init_from", str(init), "--output_dir", str(out), "--max_seq_length",
-            str(SEQ), "--per_device_train_batch_size", str(BATCH), "--per_device_eval_batch_size", "64",
-            "--learning_rate", "1e-3", "--max_steps", str(steps), "--lr_scheduler_type", "linear",
-            "--warmup_ratio", "0.1", "--deepspeed", json.dumps(FINETUNE_DS), "--save_strategy", "no",
-            "--logging_steps", "50", "--disable_tqdm", "true", "--report_to", "none", "--overwrite_output_dir", "true",
-            "--seed", "1"]
+def weights_path(plan: Plan, seed: int, arm: str) -> Path:
+    return plan.weights / f"{'quick-' if plan is QUICK else ''}pretrain-{arm}-s{seed}.pt"
 
 
-def finetune(out: Path, data: Path, steps: int) -> dict:
-    config = out / "bert_config.json"
-    config.write_text(json.dumps(BERT, indent=1), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false",
-           "XDG_CACHE_HOME": str(out / "cache")}
-    scores = {}
-    for task in TASKS:
-        procs = {}
-        for name in ("baseline", "pld"):  # side by side: the same load on both
-            run_dir = out / f"finetune_{name}_{task}"
-            log = open(out / f"finetune_{name}_{task}.log", "w")
-            procs[name] = (subprocess.Popen(finetune_args(task, data, out / f"pretrained_{name}", run_dir, config,
-                                                        steps), env=env, stdout=log, stderr=subprocess.STDOUT),
-                           run_dir, log)
-        for name, (proc, run_dir, log) in procs.items():
-            if proc.wait() != 0:
-                raise SystemExit(f"fine-tuning {name} on {task} failed; see {log.name}")
-            log.close()
-            state = json.loads((run_dir / "trainer_state.json").read_text())
-            scores.setdefault(name, {})[task] = {m: state[f"eval_{m}"] for m in TASKS[task][1]}
-    return scores
+# ---- fine-tuning ---------------------------------------------------------------------------------
+@dataclass
+class FT:
+    lr: float = 1e-4
+    epochs: int = 3
+    batch: int = 32
+    optimizer: str = "AdamW"  # or "Adam-nobc": Adam with bias_correction false (the pretraining's)
+    warmup: float = 0.1
+    dropout: float | None = None  # None: the model's
+    pool: str = "mean"  # "cls": the built-in head's first-token pooling; "mean": over the non-padding positions
 
 
-def table(pre: dict, scores: dict) -> str:
-    heads = ["MRPC-like F1/Acc.", "CoLA-like MCC", "STS-B-like PCC/SCC", "average", "pretrain samples/s"]
-    lines = ["| pretraining | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
-    for name in ("baseline", "pld"):
-        s = scores[name]
-        cells = [f"{100 * s['mrpc']['f1']:.1f}/{100 * s['mrpc']['accuracy']:.1f}",
-                 f"{100 * s['cola']['matthews_correlation']:.1f}",
-                 f"{100 * s['stsb']['pearson']:.1f}/{100 * s['stsb']['spearmanr']:.1f}",
-                 f"{average(s):.1f}", f"{pre[name]['samples_per_s']:.2f}"]
-        lines.append(f"| {'PLD' if name == 'pld' else 'baseline'} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def mean_pooled(model):
+    """The built-in classifier with its pooler fed the mean of the encoder's outputs over the
+    non-padding positions instead of the first ([CLS]) one; same weights, same head."""
+    import torch.nn.functional as F
+
+    def forward(input_ids, attention_mask=None, token_type_ids=None, labels=None, **kw):
+        h = model.bert(input_ids, attention_mask, token_type_ids, **kw)
+        m = attention_mask[..., None].to(h.dtype)
+        pooled = torch.tanh(model.pooler((h * m).sum(1) / m.sum(1)))
+        pooled = F.dropout(pooled, model.cfg.dropout, model.training)
+        logits = model.classifier(pooled)
+        if labels is None:
+            return logits
+        if model.cfg.num_labels == 1:
+            return F.mse_loss(logits.float().squeeze(-1), labels.float())
+        return F.cross_entropy(logits.float(), labels)
+
+    model.forward = forward
+    return model
 
 
-def average(s: dict) -> float:
-    """GLUE's way: each task's metrics averaged first, then the tasks."""
-    return 100 * sum(sum(v.values()) / len(v) for v in s.values()) / len(s)
+def finetune(plan: Plan, task: str, init: dict | None, data: dict, seed: int, ft: FT) -> dict:
+    import zerotrain
+    from zerotrain.models import PreLNBertClassifier
+
+    torch.manual_seed(1000 + seed)
+    cfg = bert_config(plan, TASKS[task][2])
+    if ft.dropout is not None:
+        cfg = replace(cfg, dropout=ft.dropout)
+    model = PreLNBertClassifier(cfg)
+    if init is not None:
+        missing, unexpected = model.load_state_dict(init, strict=False)
+        assert not [k for k in missing if k.startswith("bert.")], missing
+    if ft.pool == "mean":
+        model = mean_pooled(model)
+    train, dev = data["train"], data["dev"]
+    steps = ft.epochs * math.ceil(len(train) / ft.batch)
+    params = {"lr": ft.lr, "weight_decay": 0.01}
+    if ft.optimizer == "Adam-nobc":
+        opt = {"type": "Adam", "params": {**params, "bias_correction": False}}
+    else:
+        opt = {"type": "AdamW", "params": params}
+    ds = {"train_micro_batch_size_per_gpu": ft.batch, "gradient_clipping": 1.0, "optimizer": opt,
+          "steps_per_print": 10**9}
+    sched = lambda o: zerotrain.get_scheduler("linear", o, round(ft.warmup * steps), steps)  # noqa: E731
+    engine, *_ = zerotrain.initialize(model=model, config=ds, lr_scheduler=sched)
+    rng = random.Random(seed)
+    max_len = 2 * plan.ft_line[1] + 3
+    losses, wall = [], time.perf_counter()
+    for epoch in range(ft.epochs):
+        order = list(range(len(train)))
+        rng.shuffle(order)
+        for i in range(0, len(order), ft.batch):
+            rows = [train[j] for j in order[i: i + ft.batch]]
+            ids, tt, mask = encode(rows, max_len)
+            y = torch.tensor([r[2] for r in rows], dtype=torch.float if task == "stsb" else torch.long)
+            loss = engine(ids, attention_mask=mask, token_type_ids=tt, labels=y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(round(float(loss.item()), 5))
+    engine.eval()
+    preds = []
+    with torch.no_grad():
+        for i in range(0, len(dev), 64):
+            rows = dev[i: i + 64]
+            ids, tt, mask = encode(rows, max_len)
+            out = engine(ids, attention_mask=mask, token_type_ids=tt)
+            preds += out.squeeze(-1).tolist() if task == "stsb" else out.argmax(-1).tolist()
+    m = metrics(task, preds, [r[2] for r in dev])
+    return {"losses": losses, "metrics": m, "learnt": learnt(task, m), "ft": ft.__dict__, "rows": len(train),
+            "dev_rows": len(dev), "steps": len(losses), "wall_s": round(time.perf_counter() - wall, 1)}
+
+
+def jobs(plan: Plan, study: Study, corpus_fn) -> list[Job]:
+    out = []
+    tasks_cache = {}
+
+    def tasks():
+        if "t" not in tasks_cache:
+            tasks_cache["t"] = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line, plan.max_files)
+            write_glue(tasks_cache["t"], study.root / "glue")
+        return tasks_cache["t"]
+
+    for seed in plan.seeds:
+        ids = [f"pretrain-baseline-s{seed}", f"pretrain-pld-s{seed}"]
+        ft_ids = [f"ft-{init}-{task}-s{seed}" for init in ("baseline", "pld", "random") for task in TASKS]
+
+        def weights_ok(seed=seed, ft_ids=ft_ids):
+            return all(weights_path(plan, seed, a).is_file() for a in ("baseline", "pld")) or all(
+                study.have(r) for r in ft_ids)
+
+        out.append(Job(f"pretrain-s{seed}", ids, lambda seed=seed: pretrain(plan, seed, corpus_fn()),
+                       f"BERT pair (baseline {plan.steps} steps x {plan.batch}; PLD to equal wall-clock), seed {seed}",
+                       done=weights_ok))
+        for init in ("baseline", "pld", "random"):
+            for task in TASKS:
+                rid = f"ft-{init}-{task}-s{seed}"
+
+                def fn(rid=rid, init=init, task=task, seed=seed):
+                    state = None if init == "random" else torch.load(weights_path(plan, seed, init))
+                    res = finetune(plan, task, state, tasks()[task], seed, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
+                    res.update({"study": "pld_glue", "kind": "finetune", "init": init, "task": task, "seed": seed,
+                                "machine_start": machine()})
+                    print(f"  {rid}: {res['metrics']}", flush=True)
+                    return {rid: res}
+
+                out.append(Job(rid, [rid], fn, f"fine-tune {init} on {task}-like, seed {seed}",
+                               needs=[] if init == "random" else ids))
+    return out
+
+
+# ---- diagnosis: why fine-tuning learnt nothing ---------------------------------------------------
+DIAG_CASES = {
+    "A: Adam no-bias-correction lr 1e-3, 1 epoch": FT(lr=1e-3, epochs=1, optimizer="Adam-nobc", pool="cls"),
+    "B: AdamW lr 1e-3, 1 epoch": FT(lr=1e-3, epochs=1, pool="cls"),
+    "C: AdamW lr 1e-4, 3 epochs": FT(lr=1e-4, epochs=3, pool="cls"),
+    "D: AdamW lr 1e-4, 3 epochs, mean pooling": FT(lr=1e-4, epochs=3, pool="mean"),
+    "E: AdamW lr 3e-4, 3 epochs, mean pooling": FT(lr=3e-4, epochs=3, pool="mean"),
+}
+
+
+def probe(init: dict | None, plan: Plan, data: dict) -> dict:
+    """Dev accuracy of a logistic regression on the frozen encoder's [CLS] output and on its mean
+    over the line: what each pooling can see before any fine-tuning."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+    from zerotrain.models import PreLNBertClassifier
+
+    torch.manual_seed(0)
+    model = PreLNBertClassifier(bert_config(plan, 2)).eval()
+    if init is not None:
+        model.load_state_dict(init, strict=False)
+    feats = {}
+    for split in ("train", "dev"):
+        rows = data[split][:400]
+        ids, tt, mask = encode(rows, 2 * plan.ft_line[1] + 3)
+        with torch.no_grad():
+            h = model.bert(ids, mask, tt)
+        m = mask[..., None].float()
+        feats[split] = ({"cls": h[:, 0], "mean": (h * m).sum(1) / m.sum(1)}, [r[2] for r in rows])
+    out = {}
+    for pool in ("cls", "mean"):
+        x, y = feats["train"][0][pool].numpy(), feats["train"][1]
+        scale = StandardScaler().fit(x)
+        clf = LogisticRegression(max_iter=3000).fit(scale.transform(x), y)
+        out[pool] = clf.score(scale.transform(feats["dev"][0][pool].numpy()), feats["dev"][1])
+    return out
+
+
+def diagnose(study: Study) -> None:
+    """Short fine-tunes of a small BERT (4 layers, hidden 128) pretrained 300 steps, on the three
+    tasks, over the settings in DIAG_CASES; written to <out>/diagnosis.json."""
+    plan = Plan(bert=dict(n_embd=128, n_layer=4, n_head=2, n_inner=512, dropout=0.1), steps=300, evals=3,
+                ft_rows=1000, ft_dev=400, seeds=(0,), weights=Plan().weights / "diagnosis")
+    path = study.root / "diagnosis.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    if not weights_path(plan, 0, "baseline").is_file():
+        done["pretrain"] = {k: v["final"] for k, v in pretrain(plan, 0, load_corpus()).items()}
+        path.write_text(json.dumps(done, indent=1))
+    init = torch.load(weights_path(plan, 0, "baseline"))
+    data = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line)
+    done["class_balance"] = {t: {s: mean([r[2] for r in rows]) for s, rows in d.items()} for t, d in data.items()}
+    for start, state in (("pretrained", init), ("random", None)):
+        done[f"probe | {start} | cola"] = probe(state, plan, data["cola"])
+        print("linear probe, CoLA-like dev accuracy:", start, done[f"probe | {start} | cola"], flush=True)
+    path.write_text(json.dumps(done, indent=1))
+    for name, ft in DIAG_CASES.items():
+        for start in ("pretrained", "random"):
+            for task in TASKS:
+                key = f"{name} | {start} | {task}"
+                if key in done:
+                    continue
+                res = finetune(plan, task, init if start == "pretrained" else None, data[task], 0, ft)
+                done[key] = {"metrics": res["metrics"], "learnt": res["learnt"], "steps": res["steps"],
+                             "first_losses": res["losses"][:5], "last_losses": res["losses"][-5:]}
+                print(key, {k: round(v, 3) for k, v in res["metrics"].items()}, flush=True)
+                path.write_text(json.dumps(done, indent=1))
+
+
+# ---- report --------------------------------------------------------------------------------------
+def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str:
+    runs = study.all_runs()
+    parts = []
+    rows, reach = [], []
+    for seed in plan.seeds:
+        base, pld = runs.get(f"pretrain-baseline-s{seed}"), runs.get(f"pretrain-pld-s{seed}")
+        if not (base and pld):
+            continue
+        k0 = pld["settled_from_step"]
+        sps = {}
+        for name, r in (("baseline", base), ("pld", pld)):
+            st = r["steps"]
+            window = [s for s in st if s[0] > k0 and s[0] <= base["final"]["steps"]]
+            t = sum(b[4] - a[4] for a, b in zip(st, st[1:]) if b[0] > k0 and b[0] <= base["final"]["steps"])
+            sps[name] = plan.batch * (len(window) - 1) / t if t > 0 else math.nan
+            f = r["final"]
+            rows.append([name, seed, f"{r['params'] / 1e6:.1f}M", f["steps"], f["samples"], f"{f['wall_s']:.0f}",
+                         f"{f['cpu_s']:.0f}", f"{sps[name]:.2f}", f"{r['evals'][-1]['val_loss']:.4f}"])
+        target = base["final"]["val_loss"]
+        w = first_reach(pld["evals"], target, "wall_s")
+        kept = mean([s[3] for s in pld["steps"]])
+        reach.append([seed, f"{pld['gamma']:.4f}", k0, f"{sps['pld'] / sps['baseline']:.2f}x", f"{100 * kept:.1f}%",
+                      f"{target:.4f}", "not reached" if w is None else f"{w / base['final']['wall_s']:.2f}x"])
+    if rows:
+        parts.append(f"**Pretraining** (Pre-LN BERT MLM, seq {plan.seq}, batch {plan.batch}; PLD stops at the "
+                     "baseline's wall-clock):\n\n" +
+                     markdown_table(["arm", "seed", "params", "steps", "samples", "wall-clock s", "CPU s",
+                                     "samples/s (theta settled)", "final held-out MLM loss"], rows))
+        parts.append("PLD against the baseline (targets: >= 1.24x samples/s; the baseline's final held-out loss in "
+                     "<= 0.8x its wall-clock):\n\n" +
+                     markdown_table(["seed", "gamma", "theta settled from step", "samples/s", "block passes kept",
+                                     "baseline final loss", "PLD reaches it at"], reach))
+    # fine-tuning table shaped like the document's
+    rows = []
+    for init in ("baseline", "pld", "random"):
+        got = {t: [runs.get(f"ft-{init}-{t}-s{s}") for s in plan.seeds] for t in TASKS}
+        got = {t: [r for r in v if r] for t, v in got.items()}
+        if not any(got.values()):
+            continue
+        cells, avgs = [], []
+        for t in TASKS:
+            ms = [r["metrics"] for r in got[t]]
+            if not ms:
+                cells.append("-")
+                continue
+            if t == "mrpc":
+                a, b = mean([m["f1"] for m in ms]), mean([m["accuracy"] for m in ms])
+            elif t == "cola":
+                a, b = mean([m["matthews_correlation"] for m in ms]), mean([m["accuracy"] for m in ms])
+            else:
+                a, b = mean([m["pearson"] for m in ms]), mean([m["spearmanr"] for m in ms])
+            n_learnt = sum(r["learnt"] for r in got[t])
+            cells.append(f"{100 * a:.1f}/{100 * b:.1f} ({n_learnt}/{len(ms)} learnt)")
+            avgs.append((a + b) / 2)
+        name = {"baseline": "baseline (no PLD)", "pld": "PLD", "random": "random init"}[init]
+        rows.append([name] + cells + [f"{100 * mean(avgs):.1f}" if len(avgs) == len(TASKS) else "-",
+                                      ", ".join(str(s) for s in plan.seeds if all(runs.get(f"ft-{init}-{t}-s{s}")
+                                                                                 for t in TASKS))])
+    if rows:
+        parts.append("**Fine-tuning** (dev sets from held-out files, classes balanced: majority 50%; mean over seeds; "
+                     "a task is learnt at +5 accuracy points, MCC 0.1 or Pearson 0.2):\n\n" +
+                     markdown_table(["pretraining", "CoLA-like MCC/Acc.", "MRPC-like F1/Acc.", "STS-B-like PCC/SCC",
+                                     "average", "seeds complete"], rows))
+    diag = study.root / "diagnosis.json"
+    if diag.is_file():
+        d = json.loads(diag.read_text())
+        drows = []
+        for name in DIAG_CASES:
+            cells = []
+            for start in ("pretrained", "random"):
+                for t in TASKS:
+                    r = d.get(f"{name} | {start} | {t}")
+                    if r is None:
+                        cells.append("-")
+                        continue
+                    m = r["metrics"]
+                    v = m["pearson"] if t == "stsb" else m["accuracy"]
+                    cells.append(f"{v:.2f}{'' if r['learnt'] else ' (no)'}")
+            drows.append([name] + cells)
+        probes = [d.get(f"probe | {start} | cola") for start in ("pretrained", "random")]
+        if all(probes):
+            drows.append(["linear probe on the frozen encoder, [CLS] / mean (CoLA-like)",
+                          f"{probes[0]['cls']:.2f} / {probes[0]['mean']:.2f}", "", "",
+                          f"{probes[1]['cls']:.2f} / {probes[1]['mean']:.2f}", "", ""])
+        parts.append("**Fine-tuning diagnosis** (4-layer, 128-wide BERT pretrained 300 steps; 1,000 balanced "
+                     "training rows; dev accuracy, STS-B-like Pearson; '(no)': not learnt):\n\n" +
+                     markdown_table(["setting", "pre CoLA", "pre MRPC", "pre STS-B", "rand CoLA", "rand MRPC",
+                                     "rand STS-B"], drows))
+    todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
+    parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
+    plots(plan, study, runs)
+    pngs = [p.name for p in sorted(study.root.glob("*.png"))]
+    if pngs:
+        parts.append("\n".join(f"![{n}](results/{study.root.name}/{n})" for n in pngs))
+    text = "\n\n".join(parts)
+    (study.root / "results.md").write_text(text.replace(f"](results/{study.root.name}/", "](") + "\n")
+    if page is not None and page.is_file():
+        from curriculum import replace_section
+
+        replace_section(page, "pld_glue", text)
+    return text
+
+
+def plots(plan: Plan, study: Study, runs: dict) -> None:
+    pre = {k: v for k, v in runs.items() if k.startswith("pretrain-")}
+    if not pre:
+        return
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
+    colors = {"baseline": "tab:blue", "pld": "tab:orange"}
+    for rid, r in sorted(pre.items()):
+        ls = "-" if r["seed"] == plan.seeds[0] else "--"
+        for ax, key in zip(axes, ("samples", "wall_s")):
+            ax.plot([e[key] for e in r["evals"]], [e["val_loss"] for e in r["evals"]], ls, color=colors[r["arm"]],
+                    marker="o", ms=2, label=f"{r['arm']} seed {r['seed']}")
+    for ax, label in zip(axes, ("samples trained", "training wall-clock (s, steps only)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out MLM loss (nats/byte)")
+        ax.legend()
+    fig.suptitle("progressive layer drop (theta 0.5) vs none, Pre-LN BERT")
+    fig.tight_layout()
+    fig.savefig(study.root / "pretraining.png", dpi=90)
+    pyplot.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=3.0, help="pretraining step time of each model")
-    parser.add_argument("--finetune-steps", type=int, default=90)
-    parser.add_argument("--train-rows", type=int, default=1440)
-    parser.add_argument("--dev-rows", type=int, default=320)
-    parser.add_argument("--out", default="runs/pld_glue")
-    parser.add_argument("--quick", action="store_true", help="seconds of pretraining and a few steps, to check it runs")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "pld_glue"))
+    parser.add_argument("--report", action="store_true", help="only rebuild the tables, plots and page section")
+    parser.add_argument("--list", action="store_true", help="print the run list and what is done")
+    parser.add_argument("--diagnose", action="store_true", help="the short fine-tuning experiments")
+    parser.add_argument("--only", default="", help="run only jobs whose name matches this regular expression")
+    parser.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
+    parser.add_argument("--quick", action="store_true", help="tiny model, a few steps (the test)")
     args = parser.parse_args()
-    if args.quick:
-        args.minutes, args.finetune_steps, args.train_rows, args.dev_rows = 0.3, 6, 64, 32
     torch.set_num_threads(1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    write_tasks(out / "glue", args.train_rows, args.dev_rows)
-    pre = pretrain(out, 60 * args.minutes, args.quick)
-    scores = finetune(out, out / "glue", args.finetune_steps)
-    speedup = pre["pld"]["samples_per_s"] / pre["baseline"]["samples_per_s"]
-    keep = pre["mean_kept_fraction"]
-    share = (1 - 1 / speedup) / (1 - keep) if keep < 1 else float("nan")
-    result = {"pretraining": pre, "finetuning": scores, "speedup": speedup, "block_share_of_step": share,
-              "average": {name: average(scores[name]) for name in scores}, "minutes": (time.perf_counter() - started) / 60}
-    (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(table(pre, scores))
-    print(f"pretraining: {args.minutes:g} min of step time each; baseline {pre['baseline']['steps']} steps, PLD "
-          f"{pre['pld']['steps']} (theta 0.5, gamma {pre['gamma']:.4f}); MLM loss of the last 20 steps "
-          f"{pre['baseline']['final_mlm_loss']:.3f} vs {pre['pld']['final_mlm_loss']:.3f}")
-    print(f"PLD samples/s {speedup:.2f}x the baseline's (target >= 1.24x); its masks kept {100 * keep:.1f}% of "
-          f"block passes, so the blocks are {100 * share:.0f}% of a baseline step (the rest layer drop cannot "
-          f"remove); fine-tuned average {result['average']['pld']:.1f} vs {result['average']['baseline']:.1f} "
-          f"(target: no lower); {result['minutes']:.1f} min in all; written {out / 'result.json'}")
+    plan = QUICK if args.quick else Plan()
+    if args.quick:
+        plan.weights = Path(args.out) / "weights"
+    study = Study(Path(args.out))
+    page = PAGE if Path(args.out).resolve() == (ROOT / "docs" / "results" / "pld_glue").resolve() else None
+    if args.diagnose:
+        study.root.mkdir(parents=True, exist_ok=True)
+        diagnose(study)
+        print(report(plan, study, jobs(plan, study, load_corpus), page))
+        return
+    cache = {}
+
+    def corpus():
+        if "c" not in cache:
+            cache["c"] = load_corpus(max_files=plan.max_files)
+        return cache["c"]
+
+    all_jobs = jobs(plan, study, corpus)
+    if args.list:
+        for job, state in study.status(all_jobs):
+            print(f"{job.name:28s} {state:16s} {job.note}")
+        return
+    if not args.report:
+        chosen = [j for j in all_jobs if re.search(args.only, j.name)]
+        # the report after every job keeps the page current during the long runs (not worth it in --quick)
+        study.run(chosen, report=None if args.quick else (lambda: report(plan, study, all_jobs, page)),
+                  limit=args.max_jobs)
+    print(report(plan, study, all_jobs, page))
+    print(json.dumps({"done": sum(s == "done" for _, s in study.status(all_jobs)), "jobs": len(all_jobs)}))
 
 
 if __name__ == "__main__":

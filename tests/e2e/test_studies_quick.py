@@ -1,0 +1,73 @@
+"""The two studies (benchmarks/curriculum.py, benchmarks/pld_glue.py) in their --quick mode: a
+tiny model and a few steps on the real text, so the scripts keep working; their full runs are
+not part of the tests. Also the fixed spike/divergence rules, and that a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run(script: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    from e2e_helpers import env
+
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out), *extra],
+                          env=env(out.parent), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_spike_and_divergence_rules():
+    sys.path.insert(0, str(BENCH))
+    from study_runs import count_events
+
+    # warmup 2: the 9.0 in the warmup is not counted; 2.5 and 2.6 (> 1.2 x 2.0) are one spike of two steps
+    assert count_events([5.0, 9.0, 3.0, 2.0, 2.5, 2.6, 1.9, 2.4], 2) == {
+        "spikes": 2, "spike_steps": 3, "diverged": False, "diverged_at_step": None}
+    assert count_events([5.0, 4.0, 3.0, 5.5, 1.0], 2)["diverged_at_step"] == 4  # above the first loss
+    assert count_events([5.0, float("nan")], 5)["diverged_at_step"] == 2  # non-finite, even in warmup
+
+
+def test_curriculum_quick_runs_reports_and_resumes(tmp_path):
+    out = tmp_path / "curriculum"
+    first = run("curriculum.py", out)
+    assert "tokens" in first.stdout and "held out" in first.stdout  # says what it read
+    runs = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert "headline-curriculum-s0.json" in runs and "stab-lr2x-b2x-s0-none.json" in runs and len(runs) == 6
+    rec = json.loads((out / "runs" / "headline-curriculum-s0.json").read_text())
+    assert rec["ds_config"]["token_budget"]["train_tokens"] == rec["token_budget"] == rec["final"]["tokens"]
+    assert rec["ds_config"]["curriculum_learning"]["schedule_config"]["difficulty_step"] == 8
+    lengths = [s[2] for s in rec["steps"]]  # the seqlen ramp, in multiples of 8, up to the full 64
+    assert lengths[0] < 64 and lengths == sorted(lengths) and lengths[-1] == 64 and all(n % 8 == 0 for n in lengths)
+    results = (out / "results.md").read_text()
+    assert "Headline" in results and "Stability" in results and "the study is complete" in results
+    assert (out / "headline.png").stat().st_size > 0
+    (out / "runs" / "sweep-lr4e-3-s0.json").unlink()
+    again = run("curriculum.py", out)  # resumes: only the missing run is redone
+    assert again.stdout.count("[study] wrote") == 1
+
+
+def test_pld_glue_quick_runs_and_reports(tmp_path):
+    out = tmp_path / "pld"
+    proc = run("pld_glue.py", out)
+    names = {p.stem for p in (out / "runs").glob("*.json")}
+    assert {"pretrain-baseline-s0", "pretrain-pld-s0", "ft-random-stsb-s0", "ft-pld-cola-s0"} <= names
+    pld = json.loads((out / "runs" / "pretrain-pld-s0.json").read_text())
+    assert pld["ds_config"]["optimizer"]["params"]["bias_correction"] is False
+    assert pld["ds_config"]["progressive_layer_drop"]["theta"] == 0.5 and pld["steps"][-1][2] < 1.0
+    ft = json.loads((out / "runs" / "ft-pld-mrpc-s0.json").read_text())
+    assert {"accuracy", "f1", "majority"} <= set(ft["metrics"])
+    for folder, first in (("CoLA", "py\t"), ("MRPC", "\ufeffQuality"), ("STS-B", "index\t")):
+        assert (out / "glue" / folder / "train.tsv").read_text(encoding="utf-8").startswith(first)
+    assert "Pretraining" in proc.stdout and "Fine-tuning" in proc.stdout
+    assert (out / "pretraining.png").is_file()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
