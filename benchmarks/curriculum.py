@@ -314,6 +314,18 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         parts.append("**Stability** (the sweep's model, no clipping, warmup 5 steps; per seed):\n\n" +
                      markdown_table(["LR", "batch", "tokens", "arm", "seeds", "spikes", "diverged",
                                      "final held-out loss"], rows))
+    notes = []
+    for rid, r in sorted(runs.items()):
+        ev = r["events"]
+        if ev["diverged"]:
+            k = ev["diverged_at_step"]
+            before = [e["val_loss"] for e in r["evals"] if e["step"] < k]
+            notes.append(f"- `{rid}`: step {k}, training loss {r['steps'][k - 1][3]:.2f} (first step "
+                         f"{r['steps'][0][3]:.2f}); held-out loss {before[-1]:.3f} before, "
+                         f"{r['evals'][-1]['val_loss']:.3f} after")
+    if notes:
+        parts.append("Divergences (the run stops there): the held-out loss around each tells a one-batch jump "
+                     "from a run gone off.\n\n" + "\n".join(notes))
     todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
     parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
     plots(plan, study, runs)
@@ -361,8 +373,10 @@ def plots(plan: Plan, study: Study, runs: dict) -> None:
     if stab:
         pyplot = plt()
         settings = list(plan.stability)
-        fig, axes = pyplot.subplots(1, len(settings), figsize=(3.6 * len(settings), 3.4), squeeze=False)
-        for ax, (lr_x, batch_x) in zip(axes[0], settings):
+        cols = min(3, len(settings))
+        rows = math.ceil(len(settings) / cols)
+        fig, axes = pyplot.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+        for ax, (lr_x, batch_x) in zip(axes.flat, settings):
             for s in plan.seeds:
                 for arm in ("none", "curriculum"):
                     r = stab.get(f"stab-lr{lr_x}x-b{batch_x}x-s{s}-{arm}")

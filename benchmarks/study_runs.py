@@ -130,40 +130,57 @@ class Study:
         return out
 
     def run(self, jobs: list[Job], report: Callable[[], None] | None = None, limit: int | None = None) -> int:
-        """Run the jobs not done yet, in order; returns how many ran."""
+        """Run the jobs not done yet, in order; returns how many ran. A job that waits for runs
+        another live process is making is tried again (every 30 s) until that process ends."""
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         ran = 0
-        for job in jobs:
-            if job.finished(self):
-                continue
-            if limit is not None and ran >= limit:
-                break
-            missing = [r for r in job.needs if not self.have(r)]
-            if missing:
-                print(f"[study] {job.name}: waits for {', '.join(missing)}", flush=True)
-                continue
-            lock = self._lock(job)
-            if lock is None:
-                print(f"[study] {job.name}: another process runs it; skipped", flush=True)
-                continue
+        while True:
+            blocked = False
+            for job in jobs:
+                if job.finished(self):
+                    continue
+                if limit is not None and ran >= limit:
+                    return ran
+                missing = [r for r in job.needs if not self.have(r)]
+                if missing:
+                    blocked = True
+                    continue
+                lock = self._lock(job)
+                if lock is None:
+                    continue
+                try:
+                    print(f"[study] {job.name}: {job.note}", flush=True)
+                    started = time.perf_counter()
+                    self._write(job.fn(), time.perf_counter() - started)
+                finally:
+                    lock.unlink(missing_ok=True)
+                ran += 1
+                if report is not None:
+                    report()
+                break  # start over: an earlier job may have become runnable
+            else:
+                if not (blocked and self._others_running()):
+                    return ran
+                time.sleep(30)
+
+    def _others_running(self) -> bool:
+        for lock in self.runs_dir.glob("*.running"):
             try:
-                print(f"[study] {job.name}: {job.note}", flush=True)
-                started = time.perf_counter()
-                records = job.fn()
-                for run_id, record in records.items():
-                    record.setdefault("id", run_id)
-                    record["job_wall_s"] = round(time.perf_counter() - started, 1)
-                    record["machine_end"] = machine()
-                    tmp = self.path(run_id).with_suffix(".tmp")
-                    tmp.write_text(json.dumps(record, indent=None, separators=(",", ":")))
-                    tmp.replace(self.path(run_id))
-                    print(f"[study] wrote {self.path(run_id)}", flush=True)
-            finally:
-                lock.unlink(missing_ok=True)
-            ran += 1
-            if report is not None:
-                report()
-        return ran
+                os.kill(int(lock.read_text().strip()), 0)
+                return True
+            except (ValueError, ProcessLookupError, PermissionError, FileNotFoundError):
+                continue
+        return False
+
+    def _write(self, records: dict, seconds: float) -> None:
+        for run_id, record in records.items():
+            record.setdefault("id", run_id)
+            record["job_wall_s"] = round(seconds, 1)
+            record["machine_end"] = machine()
+            tmp = self.path(run_id).with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=None, separators=(",", ":")))
+            tmp.replace(self.path(run_id))
+            print(f"[study] wrote {self.path(run_id)}", flush=True)
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
