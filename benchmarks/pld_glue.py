@@ -221,41 +221,19 @@ class FT:
     pool: str = "mean"  # "cls": the built-in head's first-token pooling; "mean": over the non-padding positions
 
 
-def mean_pooled(model):
-    """The built-in classifier with its pooler fed the mean of the encoder's outputs over the
-    non-padding positions instead of the first ([CLS]) one; same weights, same head."""
-    import torch.nn.functional as F
-
-    def forward(input_ids, attention_mask=None, token_type_ids=None, labels=None, **kw):
-        h = model.bert(input_ids, attention_mask, token_type_ids, **kw)
-        m = attention_mask[..., None].to(h.dtype)
-        pooled = torch.tanh(model.pooler((h * m).sum(1) / m.sum(1)))
-        pooled = F.dropout(pooled, model.cfg.dropout, model.training)
-        logits = model.classifier(pooled)
-        if labels is None:
-            return logits
-        if model.cfg.num_labels == 1:
-            return F.mse_loss(logits.float().squeeze(-1), labels.float())
-        return F.cross_entropy(logits.float(), labels)
-
-    model.forward = forward
-    return model
-
-
 def finetune(plan: Plan, task: str, init: dict | None, data: dict, seed: int, ft: FT) -> dict:
     import zerotrain
     from zerotrain.models import PreLNBertClassifier
 
     torch.manual_seed(1000 + seed)
     cfg = bert_config(plan, TASKS[task][2])
+    cfg = replace(cfg, pooling=ft.pool)
     if ft.dropout is not None:
         cfg = replace(cfg, dropout=ft.dropout)
     model = PreLNBertClassifier(cfg)
     if init is not None:
         missing, unexpected = model.load_state_dict(init, strict=False)
         assert not [k for k in missing if k.startswith("bert.")], missing
-    if ft.pool == "mean":
-        model = mean_pooled(model)
     train, dev = data["train"], data["dev"]
     steps = ft.epochs * math.ceil(len(train) / ft.batch)
     params = {"lr": ft.lr, "weight_decay": 0.01}

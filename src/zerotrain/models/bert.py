@@ -43,6 +43,10 @@ class BertConfig:
     activation: str = "gelu"
     attn_dropout: float | None = None  # attention probabilities; None: dropout
     init_std: float = 0.02  # normal init of linear and embedding weights
+    # what the classifier's pooler reads: "cls", the first position (BERT's); "mean", the mean
+    # over the non-padding positions. MLM pretraining never trains position 0, so a small
+    # pretrained encoder's first output carries little (docs/curriculum-and-layer-drop.md)
+    pooling: str = "cls"
 
 
 # BERT config names (pytorch-pretrained-bert's, which the PLD recipe uses, and HF's) -> ours
@@ -144,11 +148,15 @@ class PreLNBertMLM(nn.Module):
 
 
 class PreLNBertClassifier(nn.Module):
-    """Classifies from the first token (a [CLS] position); labels give the cross-entropy loss, or
-    with num_labels 1 (a regression such as STS-B) the mean squared error of the one output."""
+    """Classifies from the first token (a [CLS] position), or from the mean over the non-padding
+    positions with `pooling="mean"`; labels give the cross-entropy loss, or with num_labels 1 (a
+    regression such as STS-B) the mean squared error of the one output."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
+        if cfg.pooling not in ("cls", "mean"):
+            raise ConfigError(f"BertConfig.pooling {cfg.pooling!r}: use \"cls\" (the first position) or \"mean\" "
+                              "(the mean over the non-padding positions)")
         self.cfg = cfg
         self.bert = BertEncoder(cfg)
         self.pooler = Linear(cfg.n_embd, cfg.n_embd)
@@ -158,7 +166,12 @@ class PreLNBertClassifier(nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 progressive_layer_drop=False, pld_theta=None):
         h = self.bert(input_ids, attention_mask, token_type_ids, progressive_layer_drop, pld_theta)
-        pooled = torch.tanh(self.pooler(h[:, 0]))
+        if self.cfg.pooling == "mean":
+            m = (torch.ones_like(input_ids) if attention_mask is None else attention_mask)[..., None].to(h.dtype)
+            first = (h * m).sum(1) / m.sum(1).clamp(min=1)
+        else:
+            first = h[:, 0]
+        pooled = torch.tanh(self.pooler(first))
         if self.cfg.dropout:
             pooled = F.dropout(pooled, self.cfg.dropout, self.training)
         logits = self.classifier(pooled)

@@ -84,3 +84,27 @@ def test_bad_configs_are_one_line_each(tmp_path):
         build({**SEED, "hidden_act": "tanh", "num_hidden_layers": 1})
     with pytest.raises(ConfigError, match="hidden_size and n_embd set the same thing"):
         build({"zerotrain_model": "bert", "hidden_size": 64, "n_embd": 64})
+
+
+def test_mean_pooling_reads_the_mean_of_the_non_padding_positions():
+    import torch
+
+    from zerotrain.errors import ConfigError
+    from zerotrain.models import BertConfig, PreLNBertClassifier
+
+    torch.manual_seed(0)
+    cfg = BertConfig(n_embd=32, n_layer=1, n_head=2, n_positions=16, pooling="mean")
+    model = PreLNBertClassifier(cfg).eval()
+    ids = torch.randint(0, 256, (2, 8))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    h = model.bert(ids, mask, None)
+    first_row = h[0].mean(0)
+    second_row = h[1, :5].mean(0)
+    want = model.classifier(torch.tanh(model.pooler(torch.stack([first_row, second_row]))))
+    torch.testing.assert_close(model(ids, attention_mask=mask), want)
+    cls = PreLNBertClassifier(BertConfig(n_embd=32, n_layer=1, n_head=2, n_positions=16)).eval()
+    cls.load_state_dict(model.state_dict())
+    assert not torch.allclose(cls(ids, attention_mask=mask), want)
+    with pytest.raises(ConfigError, match="BertConfig.pooling 'max'"):
+        PreLNBertClassifier(BertConfig(pooling="max"))
