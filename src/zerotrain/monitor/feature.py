@@ -69,7 +69,7 @@ class MonitorFeature(EngineFeature):
             self.backends = open_backends(self.config)
 
     def after_backward(self, engine, loss) -> None:
-        loss = loss.float()
+        loss = loss.detach().float()
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss  # read once per step
         self.loss_count += 1
 
