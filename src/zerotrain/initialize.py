@@ -269,6 +269,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                   batch.world_size, collate_fn=collate_fn, drop_last=cfg.dataloader_drop_last)
     engine = split.make_engine(model, cfg, comm, strategy, torch_optimizer, scheduler, scaler, compute_dtype,
                                 features=build_features(cfg, loader), training_dataloader=loader)
+    engine.batch_comm = batch
     for feature in engine.features:
         feature.on_train_start(engine)
     if cfg.activation_checkpointing is not None:

@@ -1,9 +1,13 @@
-"""The job's ranks as a named grid on a torch DeviceMesh: pipe x data x tensor.
+"""The job's ranks as a named grid on a torch DeviceMesh: pipe x data x sequence x tensor.
 
-    rank = (pipe * data_size + data) * tensor_size + tensor          tensor varies fastest
+    rank = ((pipe * data_size + data) * sequence_size + sequence) * tensor_size + tensor
 
-the order of DeepSpeed's PipeModelDataParallelTopology (and PipeDataParallelTopology when the
-tensor size is 1), so a DeepSpeed script's rank arithmetic carries over. Each named dimension
+tensor varies fastest: the order of DeepSpeed's PipeModelDataParallelTopology (and
+PipeDataParallelTopology when the tensor size is 1), so a DeepSpeed script's rank arithmetic
+carries over; the sequence ranks of one data index are neighbours, as in DeepSpeed's
+sequence-data groups (rank = data x S + sequence). The sequence dimension joins the DeviceMesh
+only when it has more than one rank: a one-rank dimension would add a process group per rank
+for nothing, and its Comm is alone either way. Each named dimension
 has its process group from the DeviceMesh; `comm(dim)` wraps it in a Comm whose rank and
 size are the group's (a one-rank dimension gives a Comm that is alone, so its collectives
 are no-ops). DTensor tensor parallelism (parallel/tensor/dtensor.py) splits layers over
@@ -21,24 +25,28 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..errors import ConfigError
 from .collectives import Comm, ParallelState
 
-DIMS = ("pipe", "data", "tensor")
+DIMS = ("pipe", "data", "sequence", "tensor")
 
 
 class ParallelMesh:
-    def __init__(self, state: ParallelState, pipe: int = 1, tensor: int = 1):
+    def __init__(self, state: ParallelState, pipe: int = 1, tensor: int = 1, sequence: int = 1):
         world = state.world_size
-        for name, size in (("pipeline", pipe), ("tensor", tensor)):
+        for name, size in (("pipeline", pipe), ("tensor", tensor), ("sequence", sequence)):
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ConfigError(f"the {name} parallel size should be a positive integer, got {size!r}")
-        if world % (pipe * tensor):
-            raise ConfigError(f"the world size {world} is not divisible by pipeline size {pipe} x tensor size "
-                              f"{tensor}; launch a multiple of {pipe * tensor} processes or change the sizes")
+        model = pipe * sequence * tensor
+        if world % model:
+            sizes = " x ".join(f"{name} size {size}" for name, size in (("pipeline", pipe), ("sequence", sequence),
+                                                                        ("tensor", tensor)) if size > 1 or name != "sequence")
+            raise ConfigError(f"the world size {world} is not divisible by {sizes}; launch a multiple of {model} "
+                              "processes or change the sizes")
         self.state = state
-        self.sizes = {"pipe": pipe, "data": world // (pipe * tensor), "tensor": tensor}
-        shape = tuple(self.sizes[d] for d in DIMS)
+        self.sizes = {"pipe": pipe, "data": world // model, "sequence": sequence, "tensor": tensor}
+        self.mesh_dims = tuple(d for d in DIMS if d != "sequence" or sequence > 1)
         self.device_mesh = None
         if world > 1:
-            self.device_mesh = init_device_mesh(state.device.type, shape, mesh_dim_names=DIMS)
+            shape = tuple(self.sizes[d] for d in self.mesh_dims)
+            self.device_mesh = init_device_mesh(state.device.type, shape, mesh_dim_names=self.mesh_dims)
         self.coords = self.coord_of(state.rank)
 
     def size(self, dim: str) -> int:
@@ -48,22 +56,29 @@ class ParallelMesh:
         return self.coords[dim]
 
     def coord_of(self, rank: int) -> dict[str, int]:
-        data, tensor = self.sizes["data"], self.sizes["tensor"]
-        return {"pipe": rank // (data * tensor), "data": rank // tensor % data, "tensor": rank % tensor}
+        out = {}
+        for dim in reversed(DIMS):  # the last dimension varies fastest
+            rank, out[dim] = divmod(rank, self.sizes[dim])
+        return {d: out[d] for d in DIMS}
 
-    def rank_of(self, pipe: int | None = None, data: int | None = None, tensor: int | None = None) -> int:
+    def rank_of(self, pipe: int | None = None, data: int | None = None, tensor: int | None = None,
+                sequence: int | None = None) -> int:
         """The global rank at these coordinates (missing ones: this rank's)."""
-        c = {**self.coords, **{k: v for k, v in (("pipe", pipe), ("data", data), ("tensor", tensor)) if v is not None}}
-        return (c["pipe"] * self.sizes["data"] + c["data"]) * self.sizes["tensor"] + c["tensor"]
+        given = {"pipe": pipe, "data": data, "sequence": sequence, "tensor": tensor}
+        rank = 0
+        for dim in DIMS:
+            rank = rank * self.sizes[dim] + (given[dim] if given[dim] is not None else self.coords[dim])
+        return rank
 
     def ranks_along(self, *dims: str) -> list[int]:
         """The global ranks that share this rank's coordinates in every dimension but `dims`."""
         ranges = [range(self.sizes[d]) if d in dims else [self.coords[d]] for d in DIMS]
-        return sorted(self.rank_of(*c) for c in itertools.product(*ranges))
+        return sorted(self.rank_of(**dict(zip(DIMS, c))) for c in itertools.product(*ranges))
 
     def group(self, dim: str):
-        """The process group of one dimension (None in a one-process job)."""
-        return None if self.device_mesh is None else self.device_mesh.get_group(dim)
+        """The process group of one dimension (None in a one-process job, or for a one-rank
+        dimension the DeviceMesh leaves out)."""
+        return None if self.device_mesh is None or dim not in self.mesh_dims else self.device_mesh.get_group(dim)
 
     def sub_mesh(self, dim: str):
         """The one-dimensional DeviceMesh of `dim` (what DTensor layers are split over)."""
@@ -92,7 +107,7 @@ class ParallelMesh:
         for values in itertools.product(*(range(self.sizes[d]) for d in fixed)):
             at = dict(zip(fixed, values))
             ranges = [range(self.sizes[d]) if d in dims else [at[d]] for d in DIMS]
-            out.append(sorted(self.rank_of(*c) for c in itertools.product(*ranges)))
+            out.append(sorted(self.rank_of(**dict(zip(DIMS, c))) for c in itertools.product(*ranges)))
         return out
 
 

@@ -31,6 +31,13 @@ class Engine(torch.nn.Module):
     # True on a rank whose batches are copies of another rank's (tensor-parallel ranks > 0):
     # what is counted per batch (tokens) is counted there, not again here
     input_replica = False
+    # the Comm over the ranks that read different batches (set by initialize): sequence ranks,
+    # like tensor ranks, share their data index's batches, so an evaluation splits its samples
+    # over these ranks, not over ZeRO's
+    batch_comm = None
+    # every sequence length a forward runs at is padded to a multiple of this (sequence
+    # parallelism: S); a feature that picks lengths (the seqlen curriculum) rounds to it
+    sequence_multiple = 1
 
     def __init__(self, module: torch.nn.Module, config, comm, strategy, optimizer, lr_scheduler,
                  loss_scaler, compute_dtype: torch.dtype, features: list[EngineFeature] = (),
@@ -45,6 +52,9 @@ class Engine(torch.nn.Module):
         self.loss_scaler = loss_scaler
         self.compute_dtype = compute_dtype
         self.features = list(features)
+        # callables (args, kwargs) shown each training forward's inputs as the model trains on
+        # them (after the features, before any sequence-parallel cut): the trainer counts tokens
+        self.input_observers: list = []
         self.training_dataloader = training_dataloader
         self.global_steps = 0
         self.global_samples = 0
@@ -138,6 +148,8 @@ class Engine(torch.nn.Module):
         if self.module.training:
             for feature in self.features:
                 args, kwargs = feature.before_forward(self, args, kwargs)
+            for observe in self.input_observers:
+                observe(args, kwargs)
         self.strategy.check_attached()
         self.strategy.begin_forward()
         with self._timers("forward"):

@@ -3,6 +3,7 @@ prints (with the task and step count it knows).
 
     zerotrain: LlamaForCausalLM, 1.23M parameters (1,792 trained), task sft
       2 processes on 2 nodes | ZeRO stage 3 | offload: optimizer cpu, parameters none | bf16
+        (| sequence parallel 2 (Ulysses: ...), when sequence_parallel_size is above 1)
       batch: 4 per process x 2 accumulation x 2 processes = 16 per step | 300 steps
       optimizer AdamW (lr 0.0001) | schedule WarmupLR | gradient clipping 1.0
       features: none
@@ -117,11 +118,14 @@ def render(engine, model=None, task: str | None = None, total_steps: int | None 
     data = cfg.train_batch_size // (micro * accumulation)  # pipeline stages and tensor ranks share a batch
     readers = _plural(world, "process", "es") if data == world else _plural(data, "data-parallel rank")
     features = ", ".join(getattr(f, "name", type(f).__name__) for f in engine.features) or "none"
+    sequence = engine.sequence_multiple
+    split = (f" | sequence parallel {sequence} (Ulysses: each rank 1/{sequence} of every sequence, padded to a "
+             f"multiple of {sequence})") if sequence > 1 else ""
     lines = [
         f"zerotrain: {type(model).__name__}, {total / 1e6:.2f}M parameters ({trained:,} trained)"
         + (f", task {task}" if task else ""),
         f"  {_plural(world, 'process', 'es')} on {_plural(nodes, 'node')} | ZeRO stage {cfg.zero_optimization.stage}"
-        f" | offload: optimizer {opt_off}, parameters {param_off} | {_precision(cfg)}",
+        f" | offload: optimizer {opt_off}, parameters {param_off} | {_precision(cfg)}{split}",
         f"  batch: {micro} per process x {accumulation} accumulation x {readers} = {cfg.train_batch_size} per step"
         + (f" | {total_steps} steps" if total_steps is not None else ""),
         _training(engine, cfg),

@@ -7,6 +7,9 @@
     CurriculumFeature the engine side: before each training forward it updates with
                       global_steps + 1, then passes `curriculum_seqlen` to a model that
                       declares it or cuts the batch itself (see features/batch.py)
+    applied_length    the length a forward runs at: under sequence parallelism (S ranks
+                      share each sequence) a difficulty below max_difficulty is rounded down
+                      to a multiple of S, never below S, so no piece is padding
 
 The numbers follow DeepSpeed 0.19.7 exactly (spec section 1); the errors are ConfigErrors
 that name the key instead of asserts.
@@ -51,6 +54,15 @@ def fixed_discrete_difficulty(step: int, difficulty: list[int], max_step: list[i
         if step <= last:
             return d
     return difficulty[-1]
+
+
+def applied_length(difficulty: int, max_difficulty: int, multiple: int) -> int:
+    """The sequence length a difficulty trains at when lengths must be multiples of `multiple`:
+    rounded down (the schedule's length is a ceiling), never below `multiple`; max_difficulty
+    stays whole (the full sequence, padded by the sequence-parallel cut like any batch)."""
+    if multiple <= 1 or difficulty >= max_difficulty:
+        return difficulty
+    return max(multiple, difficulty - difficulty % multiple)
 
 
 # ---- the scheduler --------------------------------------------------------------------------
@@ -149,6 +161,7 @@ class CurriculumFeature(EngineFeature):
     def __init__(self, scheduler: CurriculumScheduler, curriculum_type: str = "seqlen"):
         self.scheduler = scheduler
         self.pass_kwarg = False
+        self.multiple = 1  # the engine's sequence_multiple (sequence parallelism: S)
         # DeepSpeed (spec 1.1): any other type still moves the schedule, but nothing is injected
         self.seqlen = curriculum_type == "seqlen"
         self.curriculum_type = curriculum_type
@@ -156,7 +169,10 @@ class CurriculumFeature(EngineFeature):
     def on_train_start(self, engine) -> None:
         named, var_kw = _declares(engine.module, "curriculum_seqlen")
         self.pass_kwarg = named or (var_kw and not is_hf_model(engine.module))
+        self.multiple = getattr(engine, "sequence_multiple", 1) if self.seqlen else 1  # a stand-in engine: 1
         how = "passing curriculum_seqlen to the model" if self.pass_kwarg else "cutting the batch"
+        if self.multiple > 1:
+            how += f", lengths below the maximum rounded down to a multiple of {self.multiple}"
         if not self.seqlen:
             how = f"curriculum_type {self.curriculum_type!r}: the schedule moves, nothing is passed or cut"
         if engine.comm.rank == 0:
@@ -170,6 +186,7 @@ class CurriculumFeature(EngineFeature):
                               "it must be a positive integer")
         if not self.seqlen:
             return args, kwargs
+        difficulty = self.current_seqlen()
         if self.pass_kwarg:
             return args, {**kwargs, "curriculum_seqlen": difficulty}
         seq = find_sequence(args, kwargs)
@@ -179,11 +196,17 @@ class CurriculumFeature(EngineFeature):
         return cut_sequences(args, kwargs, seq.shape[1], difficulty)
 
     def current_seqlen(self) -> int | None:
-        """The sequence length of the current step; None for another curriculum_type."""
-        return self.scheduler.get_current_difficulty() if self.seqlen else None
+        """The sequence length of the current step (rounded as `applied_length` says); None for
+        another curriculum_type."""
+        if not self.seqlen:
+            return None
+        return applied_length(self.scheduler.get_current_difficulty(), self.scheduler.state["max_difficulty"],
+                              self.multiple)
 
     def log_fields(self, engine) -> dict:
-        return {"seqlen" if self.seqlen else "difficulty": self.scheduler.get_current_difficulty()}
+        if self.seqlen:
+            return {"seqlen": self.current_seqlen()}
+        return {"difficulty": self.scheduler.get_current_difficulty()}
 
     def state_dict(self) -> dict:
         return self.scheduler.state_dict()

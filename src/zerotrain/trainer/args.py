@@ -167,15 +167,16 @@ class TrainingArguments:
                               choices=STRATEGIES)
     save_steps: int = _opt(500, "Save a checkpoint every this many steps (save_strategy steps).")
     save_total_limit: int | None = _opt(None, "Keep at most this many checkpoints (the best one is never deleted).")
-    resume_from_checkpoint: str | None = _opt(
-        None, "Continue a run: a checkpoint folder, or `latest` for the newest one in output_dir.")
+    resume_from_checkpoint: str | None = _opt(None, "Continue a run: a checkpoint folder, or `latest` for the newest "
+                                                    "one in output_dir.")
     gradient_checkpointing: bool = _opt(False, "Recompute each block's activations in backward to save memory.")
     pipeline_parallel_size: int = _opt(1, "Pipeline stages: the model's blocks are split into this many stages "
                                           "(embedding first, head last); with --tensor_parallel_size each stage's "
                                           "projections are split too; processes = data parallel x stages x tensor.")
     tensor_parallel_size: int = _opt(1, "Tensor-parallel ranks: each block's attention and MLP projections are split "
-                                        "across them (DeepSpeed's tensor_parallel.autotp_size), in every pipeline "
-                                        "stage; processes = data parallel x stages x tensor.")
+                                        "across them (DeepSpeed's tensor_parallel.autotp_size), in every stage.")
+    sequence_parallel_size: int = _opt(1, "Ulysses sequence-parallel ranks S: each holds 1/S of every sequence (padded "
+                                          "to a multiple of S); causal decoders only; processes = data parallel x S.")
     ddp_timeout: int = _opt(1800, "Seconds a collective may wait before the process group gives up.")
     ddp_find_unused_parameters: bool | None = _opt(
         None, "Allow parameters that get no gradient in a step (default true); false makes such a "
@@ -213,7 +214,7 @@ def check_training_arguments(args: TrainingArguments) -> None:
     """Checks that need only these options; the Trainer checks the rest against model and data."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                  "logging_steps", "save_steps", "ddp_timeout", "pipeline_parallel_size",
-                 "tensor_parallel_size"):
+                 "tensor_parallel_size", "sequence_parallel_size"):
         value = getattr(args, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name}: should be a positive integer, got {value!r}")

@@ -117,6 +117,19 @@ class _Filler:
         return given
 
 
+def _config_size(given, option: str, key: str, args, explicit: set[str]) -> int:
+    """The parallel size in force: the config's integer `given` (None: not given) checked
+    against --`option` when the user set it (one line when they differ), else the option's."""
+    if isinstance(given, int) and not isinstance(given, bool):
+        size = max(1, given)
+        if option in explicit and size != getattr(args, option):
+            raise ConfigError(f"the DeepSpeed config disagrees with the options: {key}={given} vs --{option} "
+                              f"{getattr(args, option)}. Make them equal, set the DeepSpeed value to \"auto\", "
+                              "or drop the option")
+        return size
+    return getattr(args, option)
+
+
 def tensor_parallel_option(args, explicit: set[str], raw: dict | None = None) -> int:
     """--tensor_parallel_size and the config's tensor_parallel.autotp_size agree (either may
     give it); the size in force. Read before the batch sizes: the processes they count are
@@ -124,26 +137,35 @@ def tensor_parallel_option(args, explicit: set[str], raw: dict | None = None) ->
     raw = read_deepspeed(args.deepspeed) if raw is None else raw
     block = raw.get("tensor_parallel")
     given = block.get("autotp_size") if isinstance(block, dict) and block.get("enabled", True) is not False else None
-    if isinstance(given, int) and not isinstance(given, bool) and given != "auto":
-        size = max(1, given)
-        if "tensor_parallel_size" in explicit and size != args.tensor_parallel_size:
-            raise ConfigError(f"the DeepSpeed config disagrees with the options: tensor_parallel.autotp_size={given} "
-                              f"vs --tensor_parallel_size {args.tensor_parallel_size}. Make them equal, set the "
-                              "DeepSpeed value to \"auto\", or drop the option")
-        return size
-    return args.tensor_parallel_size
+    return _config_size(given, "tensor_parallel_size", "tensor_parallel.autotp_size", args, explicit)
+
+
+def sequence_parallel_option(args, explicit: set[str], raw: dict | None = None) -> int:
+    """--sequence_parallel_size and the config's sequence_parallel_size agree (either may give
+    it); the size in force."""
+    raw = read_deepspeed(args.deepspeed) if raw is None else raw
+    return _config_size(raw.get("sequence_parallel_size"), "sequence_parallel_size", "sequence_parallel_size",
+                        args, explicit)
 
 
 def data_parallel_size(args, explicit: set[str], world_size: int, raw: dict | None = None) -> int:
     """The data-parallel ranks among `world_size` processes once they are split into pipeline
-    stages and tensor ranks (the mesh's pipe x data x tensor); one line when they do not divide."""
+    stages, sequence ranks and tensor ranks (the mesh's pipe x data x sequence x tensor); one
+    line when they do not divide or do not combine."""
     stages, tensor = args.pipeline_parallel_size, tensor_parallel_option(args, explicit, raw)
-    if world_size % (stages * tensor):
-        what = " with ".join(f"--{name}_parallel_size {size}" for name, size in (("pipeline", stages),
-                                                                                ("tensor", tensor)) if size > 1)
-        raise ConfigError(f"{what}: the {world_size} processes are not a multiple of {stages * tensor}; launch a "
-                          f"multiple of {stages * tensor} (data parallel x pipeline x tensor)")
-    return world_size // (stages * tensor)
+    sequence = sequence_parallel_option(args, explicit, raw)
+    if sequence > 1 and (stages > 1 or tensor > 1):
+        other = f"--pipeline_parallel_size {stages}" if stages > 1 else f"--tensor_parallel_size {tensor}"
+        raise ConfigError(f"--sequence_parallel_size {sequence} with {other}: sequence parallelism is not combined "
+                          "with pipeline or tensor parallelism here; keep one of them above 1")
+    model = stages * tensor * sequence
+    if world_size % model:
+        what = " with ".join(f"--{name}_parallel_size {size}" for name, size in (
+            ("pipeline", stages), ("sequence", sequence), ("tensor", tensor)) if size > 1)
+        kinds = "sequence" if sequence > 1 else "pipeline x tensor"
+        raise ConfigError(f"{what}: the {world_size} processes are not a multiple of {model}; launch a "
+                          f"multiple of {model} (data parallel x {kinds})")
+    return world_size // model
 
 
 def model_autos(ds: dict, hidden_size: int | None, block_size) -> dict[str, object]:
@@ -192,6 +214,9 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     tensor = tensor_parallel_option(args, explicit, ds)
     if tensor != args.tensor_parallel_size:
         adopt("tensor_parallel_size", tensor)
+    sequence = sequence_parallel_option(args, explicit, ds)
+    if sequence != args.sequence_parallel_size:
+        adopt("sequence_parallel_size", sequence)
     f = _Filler(args, explicit, adopt)
     setter = lambda name: (lambda v: _adopt_as(adopt, name, type(getattr(args, name)), v))  # noqa: E731
     _batch_triad(ds, args, explicit, world_size, f, adopt)
@@ -199,6 +224,9 @@ def build_deepspeed_config(args, explicit: set[str], world_size: int, hidden_siz
     if args.tensor_parallel_size > 1 or isinstance(block, dict) and block.get("autotp_size") == "auto":
         f.match(ds.setdefault("tensor_parallel", {}), "autotp_size", "tensor_parallel.autotp_size",
                 "tensor_parallel_size", args.tensor_parallel_size)
+    if args.sequence_parallel_size > 1 or ds.get("sequence_parallel_size") == "auto":
+        f.match(ds, "sequence_parallel_size", "sequence_parallel_size", "sequence_parallel_size",
+                args.sequence_parallel_size)
     if not _clipping_left_to_the_config(ds, explicit):
         f.match(ds, "gradient_clipping", "gradient_clipping", "max_grad_norm", args.max_grad_norm,
                 setter("max_grad_norm"))

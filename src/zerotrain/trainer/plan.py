@@ -2,7 +2,7 @@
 data is loaded, then read by everything that assembles and runs it.
 
     options, the names the user set ─┐
-    world size (processes) ──────────┼─> parallel sizes   pipeline x data x tensor
+    world size (processes) ──────────┼─> parallel sizes   pipeline x data x sequence x tensor
                                      ├─> DeepSpeed config built once (ds_config.py): the dict
                                      │   for zerotrain.initialize, the option values it adopted,
                                      │   and the typed, validated tree (zerotrain.config)
@@ -62,16 +62,19 @@ class Options:
 
 @dataclass(frozen=True)
 class ParallelSizes:
-    """How the run's processes split: world = pipeline x data x tensor (the mesh's order)."""
+    """How the run's processes split: world = pipeline x data x sequence x tensor (the mesh's
+    order, comm/mesh.py)."""
 
     world: int
     pipeline: int
     tensor: int
     data: int
+    sequence: int = 1
 
     def data_rank(self, rank: int) -> int:
-        """The data-parallel index of global `rank`: which share of every batch it reads."""
-        return rank // self.tensor % self.data
+        """The data-parallel index of global `rank`: which share of every batch it reads (the
+        sequence and tensor ranks of one index read the same)."""
+        return rank // (self.tensor * self.sequence) % self.data
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ def plan_run(options: TrainingArguments, explicit: set[str], world_size: int, *,
     adopted = copy.copy(options)
     for name, value in built.adopted.items():
         setattr(adopted, name, value)
-    parallel = ParallelSizes(world_size, adopted.pipeline_parallel_size, adopted.tensor_parallel_size, data)
+    parallel = ParallelSizes(world_size, adopted.pipeline_parallel_size, adopted.tensor_parallel_size, data,
+                             adopted.sequence_parallel_size)
 
     stand_in = copy.deepcopy(built.config)
     fill_model_sizes(stand_in, STAND_IN_HIDDEN, block_size or STAND_IN_BLOCK)

@@ -14,7 +14,9 @@ The model's attention runs under a name of its own in transformers' attention re
 ("ulysses"), which has no mask function, so the model builds no mask: the wrapper exchanges
 q, k, v (ulysses.py's all-to-all), runs the chosen core ("sdpa" or "eager") causally over the
 whole sequence on 1/S of the heads, and exchanges the output back. With fewer key/value heads
-than S, each is repeated S / kv_heads times first, so every rank holds one.
+than S, each is repeated S / kv_heads times first, so every rank holds one. A layer with a
+sliding window (Mistral, Qwen2's sliding layers) shorter than the sequence gets the window's
+mask, built here as transformers' does: position q sees k when q - window < k <= q.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import types
 import torch
 
 from ...comm import Comm, init_parallel
-from ...comm.mesh import subgroup_comms
+from ...comm.mesh import ParallelMesh
 from ...errors import ConfigError
 from . import batch as B
 from .ulysses import SeqAllToAll
@@ -35,12 +37,14 @@ _CORES: dict = {}  # id(model config) -> (core name, sequence Comm)
 
 
 def _eager(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **_):
+    """Causal attention (`attention_mask`: a boolean (1, 1, T, T) mask that replaces the causal one)."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = query @ key.transpose(2, 3) * (scaling if scaling is not None else 1 / math.sqrt(query.shape[-1]))
     t = query.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
-    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1, dtype=torch.float32).to(query.dtype)
+    allowed = attention_mask if attention_mask is not None else \
+        torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1, dtype=torch.float32).to(query.dtype)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     return (probs @ value).transpose(1, 2).contiguous(), probs
 
@@ -55,9 +59,20 @@ def _core(name: str):
     raise ConfigError(f"core_attn_implementation {name!r}: should be 'sdpa' or 'eager'")
 
 
+def _window_mask(length: int, window: int | None, device) -> torch.Tensor | None:
+    """The boolean (1, 1, T, T) sliding-window causal mask (True: attend), or None where the
+    window covers the sequence (plain causal attention, which the cores run without a mask)."""
+    if window is None or window >= length:
+        return None
+    q = torch.arange(length, device=device)
+    offset = q[:, None] - q[None, :]  # q - k
+    return ((offset >= 0) & (offset < window))[None, None]
+
+
 def _ulysses_attention(module, query, key, value, attention_mask, *args, **kwargs):
     """transformers' attention interface: (batch, heads, T/S, d) in, (batch, T/S, heads, d) out."""
     core, comm = _CORES[id(module.config)]
+    window = kwargs.pop("sliding_window", None)
     size, kv = comm.world_size, key.shape[1]
     if kv % size:  # fewer key/value heads than ranks: one per rank after repeating
         key, value = key.repeat_interleave(size // kv, dim=1), value.repeat_interleave(size // kv, dim=1)
@@ -65,7 +80,8 @@ def _ulysses_attention(module, query, key, value, attention_mask, *args, **kwarg
     kv_whole = SeqAllToAll.apply(torch.stack((key, value)), comm, 2, 3)
     local = types.SimpleNamespace(num_key_value_groups=q.shape[1] // kv_whole.shape[2], is_causal=True,
                                   training=module.training, config=module.config)
-    out, _ = _core(core)(local, q, kv_whole[0], kv_whole[1], None, *args, **kwargs)  # (b, T, h/S, d)
+    mask = _window_mask(q.shape[2], window, q.device)
+    out, _ = _core(core)(local, q, kv_whole[0], kv_whole[1], mask, *args, **kwargs)  # (b, T, h/S, d)
     return SeqAllToAll.apply(out, comm, 1, 2), None
 
 
@@ -139,7 +155,8 @@ class SequenceParallelUnit:
 
 
 def sequence_comms(size: int) -> SequenceParallelUnit:
-    """The groups of data x sequence (rank = data x S + sequence), made by every rank at once."""
+    """The groups of data x sequence (rank = data x S + sequence): the "sequence" and "data"
+    dimensions of the job's mesh (comm/mesh.py), made by every rank at once."""
     state = init_parallel()
     world = state.world_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -147,10 +164,8 @@ def sequence_comms(size: int) -> SequenceParallelUnit:
     if world % size:
         raise ConfigError(f"sequence_parallel_size {size}: the job has {world} process{'es' * (world > 1)}, not a "
                           f"multiple of {size}; launch a multiple of {size} (torchrun --nproc_per_node) or change it")
-    data = world // size
-    seq = next(c for c in subgroup_comms(state, [[d * size + s for s in range(size)] for d in range(data)]) if c)
-    dat = next(c for c in subgroup_comms(state, [[d * size + s for d in range(data)] for s in range(size)]) if c)
-    return SequenceParallelUnit(seq, dat, Comm(state))
+    mesh = ParallelMesh(state, sequence=size)
+    return SequenceParallelUnit(mesh.comm("sequence"), mesh.comm("data"), Comm(state))
 
 
 class UlyssesSPAttentionHF:

@@ -122,6 +122,7 @@ def sequence_parallel_split(model: torch.nn.Module, comm, size: int | None, mpu=
     def make_engine(*args, **kwargs):
         engine = SequenceParallelEngine(*args, **kwargs)
         engine.sequence_comm = seq_comm
+        engine.sequence_multiple = seq_comm.world_size
         # the engine's cut: the sequence ranks of a data index read the same batch (count it once);
         # the adapter's pieces are each rank's own
         engine.input_replica = mpu is None and seq_comm.rank > 0

@@ -90,7 +90,7 @@ def evaluate(engine, dataset, *, collator, keys, task: str, num_labels: int, bat
     tokens_per_s leaves out. Classification with `predictions` (a list): rank 0 gets there
     the predicted class (a regression: the score) of every sample, in the dataset's order."""
     start = time.perf_counter()
-    comm = engine.strategy.comm  # the data-parallel ranks: tensor-parallel ones read the same samples
+    comm = engine.batch_comm or engine.strategy.comm  # tensor and sequence ranks of a data index read the same samples
     sampler = EvalSampler(len(dataset), comm.rank, comm.world_size)
     valid = sampler.valid()
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator, num_workers=workers)

@@ -16,7 +16,7 @@ class SavesAndResumes:
 
     def _state(self) -> dict:
         return {"epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "tokens": self.tokens,
-                "world_size": self.comm.world_size,
+                "world_size": self.comm.world_size, "data_parallel_size": self.data_world,
                 "train_time": self.clock.total, "best_metric": self.best_metric,
                 "best_checkpoint": self.best_checkpoint,
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None}
@@ -74,7 +74,7 @@ class SavesAndResumes:
         epoch, micro = divmod(self.engine.global_steps * self.engine.gradient_accumulation_steps(),
                               self.micro_per_epoch)
         return {"epoch": epoch, "micro_in_epoch": micro, "tokens": 0, "world_size": self.comm.world_size,
-                "train_time": 0.0, "best_metric": None, "best_checkpoint": None}
+                "data_parallel_size": self.data_world, "train_time": 0.0, "best_metric": None, "best_checkpoint": None}
 
     def _resume(self) -> int:
         save_dir, tag = self.plan.folder.resume
@@ -85,11 +85,16 @@ class SavesAndResumes:
         if path is None or state is None:
             raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
                               f"{path or save_dir} is not a checkpoint written by `zerotrain train`")
-        written_by = state.get("world_size", self.comm.world_size)
-        if written_by != self.comm.world_size:  # the data order is planned per process count
-            raise ConfigError(f"--resume_from_checkpoint: {path} was written by {written_by} processes and this run "
-                              f"has {self.comm.world_size}; resume with --nproc_per_node {written_by} (its position "
-                              "in the epoch exists only for that count)")
+        # the data order is planned per data-parallel rank (sequence, tensor and pipeline ranks of
+        # one data index read the same batches); a checkpoint without that count names its processes
+        if "data_parallel_size" in state:
+            written_by, here, what = state["data_parallel_size"], self.data_world, "data-parallel ranks"
+        else:
+            written_by, here, what = state.get("world_size", self.comm.world_size), self.comm.world_size, "processes"
+        if written_by != here:
+            raise ConfigError(f"--resume_from_checkpoint: {path} was written by {written_by} {what} and this run "
+                              f"has {here}; resume with {written_by} {what} (its position in the epoch exists only "
+                              "for that count)")
         self.epoch, self.micro_in_epoch, self.tokens = state["epoch"], state["micro_in_epoch"], state["tokens"]
         self.clock = TrainClock(state["train_time"])
         self.best_metric, self.best_checkpoint = state["best_metric"], state["best_checkpoint"]

@@ -95,11 +95,12 @@ class MicroBatches:
         self.keys = forward_keys(model)
         self.name = type(model).__name__
         self.sums = torch.zeros(3, dtype=torch.float64)
-        model.register_forward_pre_hook(self._count, with_kwargs=True)
+        engine.input_observers.append(self._count)
 
-    def _count(self, module, args, kwargs):
-        # evaluation forwards are not training tokens; a tensor-parallel copy of a batch counts once
-        if module.training and not self.engine.input_replica:
+    def _count(self, args, kwargs):
+        # training forwards only, the whole sequences (a sequence-parallel rank's model sees 1/S);
+        # a tensor- or sequence-parallel copy of a batch counts once
+        if not self.engine.input_replica:
             self.sums[2] += count_tokens(args, kwargs)
 
     def at_boundary(self) -> bool:

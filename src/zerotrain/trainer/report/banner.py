@@ -1,21 +1,35 @@
 """The banner rank 0 prints once the engine is built: engine/summary.py's lines (the same that
 initialize logs), with the task and the number of steps the trainer knows, and what a token
-budget changes; initialize has logged the config notice already.
+budget changes, and how a seqlen curriculum's lengths are rounded under sequence parallelism;
+initialize has logged the config notice already.
 
       token budget: train_tokens 2,000,000 ends the run; max_steps 3000 is only a cap
       LR by tokens: 5-step warmup, then cosine decay to min_lr 1e-05 over the tokens from the warmup's
         end to lr_decay_tokens 1,800,000
+      seqlen curriculum: lengths below max_difficulty 512 rounded down to a multiple of sequence
+        parallel 4 (never below 4); each token counted once
 """
 
 from __future__ import annotations
 
 from ...engine.summary import render
+from ...features.curriculum import CurriculumFeature
 
 
 def banner(engine, model, task: str, total_steps: int, nodes: int) -> str:
     lines = [render(engine, model, task=task, total_steps=total_steps, nodes=nodes, notices=False)]
     lines += token_budget_lines(engine.config.token_budget, total_steps)
+    lines += curriculum_lines(engine.feature(CurriculumFeature))
     return "\n".join(lines)
+
+
+def curriculum_lines(curriculum) -> list[str]:
+    """What sequence parallelism does to a seqlen curriculum's lengths (none without both)."""
+    if curriculum is None or curriculum.multiple <= 1:
+        return []
+    top, size = curriculum.scheduler.state["max_difficulty"], curriculum.multiple
+    return [f"  seqlen curriculum: lengths below max_difficulty {top} rounded down to a multiple of sequence "
+            f"parallel {size} (never below {size}); each token counted once"]
 
 
 def token_budget_lines(budget, total_steps: int) -> list[str]:
