@@ -44,28 +44,33 @@ def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-def llama(kv_heads: int, core: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama(kv_heads: int, core: str, kind: str = "llama", heads: int = 4, **extra):
+    """An HF decoder of `kind` (llama, qwen2: biases on q, k, v; mistral: `sliding_window` in
+    `extra`), 2 layers, `heads` query and `kv_heads` key/value heads."""
+    import transformers
 
+    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[kind]
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=16,
-                      initializer_range=0.2)  # attention far from uniform: positions matter
+    cfg = getattr(transformers, f"{name}Config")(
+        vocab_size=VOCAB, hidden_size=8 * heads, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=16,
+        initializer_range=0.2, **extra)  # attention far from uniform: positions matter
     cfg._attn_implementation = core
-    return LlamaForCausalLM(cfg)
+    return getattr(transformers, f"{name}ForCausalLM")(cfg)
 
 
 def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: int = 0,
           save: tuple | None = None, load: str | None = None) -> dict:
     """Train to `steps` optimizer steps on this world (one process: the reference). `hf`:
-    (key/value heads, core attention) of an HF LLaMA in place of the GPT; `alst`: S through
+    (key/value heads, core attention[, kind, config extras]) of an HF decoder (`llama`)
+    in place of the GPT; `alst`: S through
     DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter);
     save = (dir, after_step); load: a checkpoint to continue from."""
     import zerotrain
     from zerotrain.features.engine_methods import tokens_consumed
     from zerotrain.parallel.sequence import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
 
-    model = gpt(heads) if hf is None else llama(*hf)
+    model = gpt(heads) if hf is None else llama(*hf[:3], **(hf[3] if len(hf) > 3 else {}))
     mpu = UlyssesSPAttentionHF.register_with_transformers(model, hf[1], alst, 1, None, True) if alst else None
     engine, *_ = zerotrain.initialize(model=model, config=cfg, mpu=mpu)
     if load is not None:
@@ -115,6 +120,8 @@ def bad_input(case: str) -> str | None:
     from zerotrain.models import BertConfig, PreLNBertMLM
 
     cases = {"heads": lambda: zerotrain.initialize(model=gpt(heads=3), config=config(4, 1, 0, sequence=2)),
+             "qwen_heads": lambda: zerotrain.initialize(model=llama(1, "sdpa", "qwen2", heads=3),
+                                                        config=config(4, 1, 0, sequence=2)),
              "world": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=3)),
              "encoder": lambda: zerotrain.initialize(model=PreLNBertMLM(BertConfig(vocab_size=VOCAB, n_embd=32,
                                                                                   n_layer=1)),

@@ -126,6 +126,42 @@ def test_the_plan_holds_the_adopted_options_and_leaves_the_users_alone(tmp_path)
     assert plan.config.train_batch_size == 4 * 3 * 2
 
 
+def test_sequence_parallel_size_from_the_option_or_the_config(tmp_path):
+    """The S ranks of a data index read the same batches: the batch triad counts world / S."""
+    ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed=ds, sequence_parallel_size=2)
+    plan = plan_run(args, {"sequence_parallel_size"}, 4)
+    assert (plan.parallel.data, plan.parallel.sequence, plan.config.train_batch_size) == (2, 2, 4)
+    assert plan.built.config["sequence_parallel_size"] == 2  # what initialize splits by
+    assert [plan.parallel.data_rank(r) for r in range(4)] == [0, 0, 1, 1]  # sequence fastest, as the mesh
+    adopted = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed={**ds, "sequence_parallel_size": 4}),
+                       set(), 4)
+    assert adopted.adopted["sequence_parallel_size"] == 4 and adopted.parallel.data == 1
+    auto = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed={**ds, "sequence_parallel_size": "auto"},
+                                      sequence_parallel_size=2), {"sequence_parallel_size"}, 2)
+    assert auto.built.config["sequence_parallel_size"] == 2 and auto.parallel.data == 1
+
+
+@pytest.mark.parametrize("ds, options, world, message", [
+    ({"sequence_parallel_size": 4}, {"sequence_parallel_size": 2}, 4,
+     "the DeepSpeed config disagrees with the options: sequence_parallel_size=4 vs --sequence_parallel_size 2. Make "
+     "them equal, set the DeepSpeed value to \"auto\", or drop the option"),
+    ({}, {"sequence_parallel_size": 2}, 3, "--sequence_parallel_size 2: the 3 processes are not a multiple of 2; "
+     "launch a multiple of 2 (data parallel x sequence)"),
+    ({}, {"sequence_parallel_size": 2, "pipeline_parallel_size": 2}, 4,
+     "--sequence_parallel_size 2 with --pipeline_parallel_size 2: sequence parallelism is not combined with pipeline "
+     "or tensor parallelism here; keep one of them above 1"),
+    ({"tensor_parallel": {"autotp_size": 2}}, {"sequence_parallel_size": 2}, 4,
+     "--sequence_parallel_size 2 with --tensor_parallel_size 2: sequence parallelism is not combined with pipeline "
+     "or tensor parallelism here; keep one of them above 1"),
+])
+def test_sequence_parallel_mistakes_are_one_line(tmp_path, ds, options, world, message):
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed=ds, **options)
+    with pytest.raises(ConfigError) as err:
+        plan_run(args, set(options), world)
+    assert str(err.value) == message
+
+
 def test_callback_events_arrive_in_order_and_others_are_refused(tmp_path):
     events = Events()
     values = options(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=1,
