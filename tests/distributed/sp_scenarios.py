@@ -116,7 +116,7 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
 def bad_input(case: str) -> str | None:
     """The ConfigError's message for a bad input (None: none was raised)."""
     import zerotrain
-    from zerotrain.errors import ConfigError
+    from zerotrain.errors import ConfigError, DataError
     from zerotrain.models import BertConfig, PreLNBertMLM
 
     cases = {"heads": lambda: zerotrain.initialize(model=gpt(heads=3), config=config(4, 1, 0, sequence=2)),
@@ -127,9 +127,11 @@ def bad_input(case: str) -> str | None:
                                                                                   n_layer=1)),
                                                      config=config(4, 1, 0, sequence=2)),
              "tensor": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=2)
-                                                    | {"tensor_parallel": {"autotp_size": 2}})}
+                                                    | {"tensor_parallel": {"autotp_size": 2}}),
+             "packed": lambda: zerotrain.initialize(model=gpt(), config=config(4, 1, 0, sequence=2))[0](
+                 input_ids=global_batch(0, 1)[0], labels=global_batch(0, 1)[1], position_ids=torch.arange(SEQ)[None])}
     try:
         cases[case]()
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         return str(e)
     return None

@@ -89,13 +89,17 @@ MISTRAL_EAGER = (1, "eager", "mistral", {"sliding_window": 6})
 def qwen_mistral_cases() -> dict:
     return {"qwen2": ss.train(ss.config(_global(1), MICRO, 3, sequence=2), STEPS, hf=QWEN2),
             "mistral_sdpa": ss.train(ss.config(_global(1), MICRO, 0), STEPS, hf=MISTRAL_SDPA, alst=2),
-            "mistral_eager": ss.train(ss.config(_global(1), MICRO, 0, sequence=2), STEPS, hf=MISTRAL_EAGER)}
+            "mistral_eager": ss.train(ss.config(_global(1), MICRO, 0, sequence=2), STEPS, hf=MISTRAL_EAGER),
+            "packed": ss.bad_input("packed")}
 
 
 def test_qwen2_and_mistral_attention_match_one_process(world2):
     ranks = world2.run(qwen_mistral_cases, timeout=300)
     for name, hf in (("qwen2", QWEN2), ("mistral_sdpa", MISTRAL_SDPA), ("mistral_eager", MISTRAL_EAGER)):
         _check([r[name] for r in ranks], ss.train(ss.config(_global(1), MICRO, 0), STEPS, hf=hf), 2)
+    for r in ranks:  # packed rows (positions restarting) cannot be cut by sequence: one line
+        assert r["packed"].startswith("sequence_parallel_size: position_ids (packed sequences) are not split")
+        assert "\n" not in r["packed"]
 
 
 def four_rank_cases() -> dict:

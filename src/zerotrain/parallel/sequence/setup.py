@@ -40,6 +40,9 @@ def _inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | Non
     if mask is not None and not bool(mask.all()):
         raise DataError("sequence_parallel_size: an attention mask with padding is not split by sequence; "
                         "pad with -100 labels instead (the attention is causal)")
+    if kwargs.get("position_ids") is not None:  # packed rows: positions restart, attention stays within each
+        raise DataError("sequence_parallel_size: position_ids (packed sequences) are not split by sequence; each "
+                        "rank's positions are its piece's; turn packing off or set sequence_parallel_size to 1")
     return ids, labels, kwargs
 
 
