@@ -14,7 +14,7 @@ from zerotrain import CurriculumScheduler
 from zerotrain.errors import ConfigError
 from zerotrain.features.curriculum import CurriculumFeature
 from zerotrain.features.engine_methods import curriculum_seqlen
-from zerotrain.features.curriculum import fixed_discrete_difficulty, fixed_root_difficulty
+from zerotrain.features.curriculum import applied_length, fixed_discrete_difficulty, fixed_root_difficulty
 
 
 def sched(kind="fixed_linear", lo=8, hi=64, **schedule) -> CurriculumScheduler:
@@ -494,3 +494,11 @@ def test_the_typed_config_refuses_the_same_blocks_in_the_same_words(block, messa
         load_config({"train_batch_size": 1, "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen",
                                                                     **block}})
     assert str(info.value) == message
+
+
+def test_under_sequence_parallelism_lengths_below_the_maximum_round_down_to_a_multiple_of_s():
+    """S ranks share each sequence: a length that is a multiple of S leaves no piece padded; the
+    maximum stays whole (the full sequence, padded like any batch), and no length falls below S."""
+    assert [applied_length(d, 31, 2) for d in (1, 5, 11, 18, 30, 31)] == [2, 4, 10, 18, 30, 31]
+    assert [applied_length(d, 31, 4) for d in (3, 11, 29, 31)] == [4, 8, 28, 31]
+    assert [applied_length(d, 31, 1) for d in (3, 11, 31)] == [3, 11, 31]
