@@ -26,7 +26,8 @@ GPT = {"zerotrain_model": "gpt", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_pos
 LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 5, "max_difficulty": 31,
           "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 1}}
 ROUNDED = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 10, "max_difficulty": 31,
-           "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [10, 18, 24, 31], "max_step": [1, 2, 3]}}
+           "schedule_type": "fixed_discrete",
+           "schedule_config": {"difficulty": [10, 18, 24, 31], "max_step": [1, 2, 3]}}
 
 
 def _job(tmp: Path, out: str, curriculum: dict, **extra) -> dict:

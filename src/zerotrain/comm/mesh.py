@@ -36,8 +36,8 @@ class ParallelMesh:
                 raise ConfigError(f"the {name} parallel size should be a positive integer, got {size!r}")
         model = pipe * sequence * tensor
         if world % model:
-            sizes = " x ".join(f"{name} size {size}" for name, size in (("pipeline", pipe), ("sequence", sequence),
-                                                                        ("tensor", tensor)) if size > 1 or name != "sequence")
+            named = (("pipeline", pipe), ("sequence", sequence), ("tensor", tensor))
+            sizes = " x ".join(f"{name} size {size}" for name, size in named if size > 1 or name != "sequence")
             raise ConfigError(f"the world size {world} is not divisible by {sizes}; launch a multiple of {model} "
                               "processes or change the sizes")
         self.state = state

@@ -134,11 +134,12 @@ def test_sequence_parallel_size_from_the_option_or_the_config(tmp_path):
     assert (plan.parallel.data, plan.parallel.sequence, plan.config.train_batch_size) == (2, 2, 4)
     assert plan.built.config["sequence_parallel_size"] == 2  # what initialize splits by
     assert [plan.parallel.data_rank(r) for r in range(4)] == [0, 0, 1, 1]  # sequence fastest, as the mesh
-    adopted = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed={**ds, "sequence_parallel_size": 4}),
-                       set(), 4)
+    adopted = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"),
+                                         deepspeed={**ds, "sequence_parallel_size": 4}), set(), 4)
     assert adopted.adopted["sequence_parallel_size"] == 4 and adopted.parallel.data == 1
-    auto = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"), deepspeed={**ds, "sequence_parallel_size": "auto"},
-                                      sequence_parallel_size=2), {"sequence_parallel_size"}, 2)
+    auto = plan_run(TrainingArguments(output_dir=str(tmp_path / "o"),
+                                      deepspeed={**ds, "sequence_parallel_size": "auto"}, sequence_parallel_size=2),
+                    {"sequence_parallel_size"}, 2)
     assert auto.built.config["sequence_parallel_size"] == 2 and auto.parallel.data == 1
 
 
