@@ -29,6 +29,36 @@ class Tiny(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
+class TokenLayer(torch.nn.Module):
+    """A token-wise residual layer, what a random-LTD config's convert_to_random_ltd routes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, h, attention_mask=None):
+        return h + torch.tanh(self.lin(h))
+
+
+class Layered(torch.nn.Module):
+    """A stack of `n` TokenLayers over (batch, seq, HIDDEN) or (seq, batch, HIDDEN) inputs."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(TokenLayer() for _ in range(n))
+        self.head = torch.nn.Linear(HIDDEN, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _random_ltd(config: dict) -> dict | None:
+    block = ((config.get("data_efficiency") or {}).get("data_routing") or {}).get("random_ltd") or {}
+    return block if block.get("enabled") else None
+
+
 def _has_auto(node) -> bool:
     if isinstance(node, dict):
         return any(_has_auto(v) for v in node.values())
@@ -65,13 +95,22 @@ def run_config(path: str) -> str:
             if config.get("optimizer") is None:
                 config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}  # the user's own, as with a script
             torch.manual_seed(0)
-            model = Tiny()
+            ltd = _random_ltd(config)
+            model = Tiny() if ltd is None else Layered(ltd["total_layer_num"])
             engine, _, _, _ = zerotrain.initialize(model=model, config=config)
+            if ltd is not None:  # as the examples do after initialize
+                from zerotrain.data_efficiency import convert_to_random_ltd
+
+                convert_to_random_ltd(engine, TokenLayer)
             try:
                 dtype = torch.float16 if engine.config.fp16.enabled else \
                     torch.bfloat16 if engine.config.bf16.enabled else torch.float32
                 for _ in range(engine.gradient_accumulation_steps()):
-                    x = torch.randn(engine.train_micro_batch_size_per_gpu(), HIDDEN, dtype=dtype)
+                    shape = (engine.train_micro_batch_size_per_gpu(), HIDDEN)
+                    if ltd is not None:  # a sequence of 16
+                        shape = (shape[0], 16, HIDDEN) if ltd["hidden_state_order"] == "batch_seq_dim" else \
+                            (16, shape[0], HIDDEN)
+                    x = torch.randn(*shape, dtype=dtype)
                     engine.backward(engine(x).float().pow(2).mean())
                     engine.step()
                 assert engine.global_steps == 1

@@ -4,8 +4,9 @@ schedule settings the legacy curriculum shares with it.
 zerotrain acts on the sampling curriculum: with `training_data` the loader's batch sampler
 draws each batch from clusters of samples whose metric lies within the current difficulty
 (data/curriculum_sampler.py), reading the metric's index files; without it a seqlen metric
-still cuts each batch. Dynamic batching and random-LTD change what is trained, are not
-built, and are refused when switched on. Like DeepSpeed, the settings of a part are read
+still cuts each batch. Random-LTD (data routing) drops tokens in the middle layers
+(features/random_ltd.py). Dynamic batching changes what is trained, is not built, and is
+refused when switched on. Like DeepSpeed, the settings of a part are read
 only while that part is enabled; the checks DeepSpeed makes (as asserts or KeyErrors) are
 one line each here."""
 
@@ -18,7 +19,6 @@ from pydantic import model_validator
 from .base import Block, FieldProblem, Int, Number, acts, no_effect, refused
 
 _PIN = "the curriculum's loader pins memory as the engine's other loaders do (DeepSpeed does not read this key)"
-_LTD = "random-LTD is refused when enabled"
 _DYNAMIC = "dynamic batching is refused when enabled"
 
 
@@ -118,15 +118,17 @@ class DataSamplingConfig(Block):
 
 
 class RandomLTDStepConfig(Block):
-    require_steps: Int | None = no_effect(None, _LTD, gt=0)
-    seq_per_step: Int | None = no_effect(None, _LTD, gt=0)
+    require_steps: Int | None = acts(None, "Steps from min_value to max_value.", gt=0)
+    seq_per_step: Int | None = acts(None, "The kept length is rounded down to a multiple of this.", gt=0)
 
 
 class RandomLTDScheduleConfig(Block):
-    min_value: Int | None = no_effect(None, _LTD)
-    max_value: Int | None = no_effect(None, _LTD)
-    schedule_type: Literal["fixed_linear"] = no_effect("fixed_linear", _LTD)
-    schedule_config: RandomLTDStepConfig = no_effect(None, _LTD, default_factory=RandomLTDStepConfig)
+    min_value: Int | None = acts(None, "Tokens each routed layer keeps at step 0.", gt=0)
+    max_value: Int | None = acts(None, "Tokens kept at the end of the schedule (the full sequence length: from "
+                                       "then on nothing is dropped).", gt=0)
+    schedule_type: Literal["fixed_linear"] = acts("fixed_linear", "Kept length: linear in the step, then frozen.")
+    schedule_config: RandomLTDStepConfig = acts(None, "Parameters of the schedule.",
+                                                default_factory=RandomLTDStepConfig)
 
 
 class LayerTokenLRConfig(Block):
@@ -137,39 +139,76 @@ class LayerTokenLRConfig(Block):
 
 
 class RandomLTDConfig(Block):
-    enabled: bool = refused(False, "random-LTD (dropping tokens in middle layers) changes what is trained and "
-                                   "is not built; set \"enabled\": false", ok=lambda v: True)
-    total_layer_num: Int | None = no_effect(None, _LTD)
-    random_ltd_layer_num: Int | None = no_effect(None, _LTD)
-    random_ltd_layer_id: list[Int] | None = no_effect(None, _LTD)
-    model_mask_name: str | None = no_effect(None, _LTD)
-    model_type: str | None = no_effect(None, _LTD)
-    hidden_state_order: str | None = no_effect(None, _LTD)
-    random_ltd_schedule: RandomLTDScheduleConfig | None = no_effect(None, _LTD)
-    layer_token_lr_schedule: LayerTokenLRConfig = no_effect(None, _LTD, default_factory=LayerTokenLRConfig)
+    enabled: bool = acts(False, "Turn random layerwise token dropping on.")
+    total_layer_num: Int | None = acts(None, "Layers of the model (must match it); weighs consumed_layer_tokens "
+                                             "and layer_tokens.", ge=1)
+    random_ltd_layer_num: Int | None = acts(None, "How many layers drop tokens: the length of random_ltd_layer_id.",
+                                            ge=1)
+    random_ltd_layer_id: list[Int] | None = acts(None, "Which layers drop tokens, counted from 0 in model order.")
+    model_mask_name: str | None = acts(None, "The mask argument of layers given to convert_to_random_ltd (null: "
+                                             "none); zerotrain's blocks and HF layers use their own.")
+    model_type: Literal["encoder", "decoder"] | None = acts(
+        None, "decoder: causal layers (kept tokens stay in order; checked against zerotrain's blocks); encoder: "
+              "bidirectional.")
+    hidden_state_order: Literal["batch_seq_dim", "seq_batch_dim"] | None = acts(
+        None, "Layout of the layers' hidden states: [batch, seq, hidden] or [seq, batch, hidden].")
+    random_ltd_schedule: RandomLTDScheduleConfig | None = acts(None, "How many tokens the routed layers keep.")
+    layer_token_lr_schedule: LayerTokenLRConfig = acts(None, "An LR schedule by layer tokens (refused when enabled).",
+                                                       default_factory=LayerTokenLRConfig)
+
+    def problem(self) -> tuple[str, str] | None:
+        """(key, why) of the first inconsistency of an enabled block."""
+        for key in ("total_layer_num", "random_ltd_layer_num", "random_ltd_layer_id", "model_type",
+                    "hidden_state_order", "random_ltd_schedule"):
+            if getattr(self, key) is None:
+                return key, "is missing: needed when random-LTD is enabled"
+        schedule = self.random_ltd_schedule
+        for key in ("min_value", "max_value"):
+            if getattr(schedule, key) is None:
+                return f"random_ltd_schedule.{key}", "is missing: needed when random-LTD is enabled"
+        for key in ("require_steps", "seq_per_step"):
+            if getattr(schedule.schedule_config, key) is None:
+                return f"random_ltd_schedule.schedule_config.{key}", "is missing: needed by schedule_type fixed_linear"
+        if schedule.min_value > schedule.max_value:
+            return "random_ltd_schedule.min_value", (f"{schedule.min_value} is above max_value "
+                                                     f"{schedule.max_value}")
+        ids = self.random_ltd_layer_id
+        if len(ids) != self.random_ltd_layer_num:
+            return "random_ltd_layer_num", (f"{self.random_ltd_layer_num} should equal the number of "
+                                            f"random_ltd_layer_id entries ({len(ids)})")
+        if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.total_layer_num:
+            return "random_ltd_layer_id", (f"{ids} should be distinct layer indices from 0 to total_layer_num - 1 "
+                                           f"({self.total_layer_num - 1})")
+        return None
 
 
 class DataRoutingConfig(Block):
-    enabled: bool = no_effect(False, "data routing holds only random-LTD, which is refused when enabled")
-    random_ltd: RandomLTDConfig = acts(None, "Random layerwise token dropping (refused when enabled).",
-                                       default_factory=RandomLTDConfig)
+    enabled: bool = no_effect(False, "random-LTD is switched by random_ltd.enabled alone, as DeepSpeed reads it")
+    random_ltd: RandomLTDConfig = acts(None, "Random layerwise token dropping.", default_factory=RandomLTDConfig)
 
 
 class DataEfficiencyConfig(Block):
-    enabled: bool = acts(False, "Turn the data-efficiency library on.")
-    seed: Int = acts(1234, "Seed of the curriculum sampler's own generator (cluster shuffles, batch draws).")
+    enabled: bool = acts(False, "Turn the data sampling features on (random-LTD follows random_ltd.enabled alone, "
+                                "as in DeepSpeed).")
+    seed: Int = acts(1234, "Seed of the curriculum sampler's own generator (cluster shuffles, batch draws) and of "
+                           "random-LTD's kept tokens.")
     data_sampling: DataSamplingConfig = acts(None, "What data is drawn.", default_factory=DataSamplingConfig)
     data_routing: DataRoutingConfig = acts(None, "Which layers see which tokens.", default_factory=DataRoutingConfig)
 
     @model_validator(mode="after")
     def _refuse_unbuilt(self) -> DataEfficiencyConfig:
-        # Off switches anywhere above mean DeepSpeed never reads the block: only then is it fine.
+        # DeepSpeed's engine switches random-LTD by random_ltd.enabled alone, whatever the switches
+        # above it say; the sampling side is read only with every switch above it on.
+        if (ltd := self.random_ltd_on()) is not None and (gap := ltd.problem()) is not None:
+            raise FieldProblem(f"data_routing.random_ltd.{gap[0]}", gap[1])
         if not self.enabled:
             return self
-        sampling, routing = self.data_sampling, self.data_routing
+        sampling = self.data_sampling
         if sampling.enabled and sampling.dynamic_batching.enabled:
             raise FieldProblem("data_sampling.dynamic_batching.enabled",
                                DynamicBatchingConfig.model_fields["enabled"].description)
-        if routing.enabled and routing.random_ltd.enabled:
-            raise FieldProblem("data_routing.random_ltd.enabled", RandomLTDConfig.model_fields["enabled"].description)
         return self
+
+    def random_ltd_on(self) -> RandomLTDConfig | None:
+        """The random-LTD block when it is switched on, else None."""
+        return self.data_routing.random_ltd if self.data_routing.random_ltd.enabled else None

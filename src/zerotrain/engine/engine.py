@@ -38,6 +38,10 @@ class Engine(torch.nn.Module):
     # every sequence length a forward runs at is padded to a multiple of this (sequence
     # parallelism: S); a feature that picks lengths (the seqlen curriculum) rounds to it
     sequence_multiple = 1
+    # how the loader deals a step's global batch to the data-parallel ranks ("interleaved": rank r
+    # gets samples r, r + N, ...; "blocked": each global micro-batch in rank-sized blocks), for
+    # whatever must name a sample the same way at any world size (a per-sample random key)
+    sample_dealing = "interleaved"
 
     def __init__(self, module: torch.nn.Module, config, comm, strategy, optimizer, lr_scheduler,
                  loss_scaler, compute_dtype: torch.dtype, features: list[EngineFeature] = (),

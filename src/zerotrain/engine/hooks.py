@@ -12,6 +12,10 @@ class EngineFeature:
 
     name = "feature"
 
+    def describe(self) -> str:
+        """What the start-up summary's features line says of it (its name unless it says more)."""
+        return self.name
+
     def on_train_start(self, engine) -> None:
         """Once, at the end of initialize (validate the model, log that the feature is on)."""
 

@@ -117,7 +117,8 @@ def render(engine, model=None, task: str | None = None, total_steps: int | None 
     micro, accumulation = cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
     data = cfg.train_batch_size // (micro * accumulation)  # pipeline stages and tensor ranks share a batch
     readers = _plural(world, "process", "es") if data == world else _plural(data, "data-parallel rank")
-    features = ", ".join(getattr(f, "name", type(f).__name__) for f in engine.features) or "none"
+    features = ", ".join(f.describe() if hasattr(f, "describe") else getattr(f, "name", type(f).__name__)
+                         for f in engine.features) or "none"
     sequence = engine.sequence_multiple
     split = (f" | sequence parallel {sequence} (Ulysses: each rank 1/{sequence} of every sequence, padded to a "
              f"multiple of {sequence})") if sequence > 1 else ""

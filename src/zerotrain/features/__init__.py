@@ -3,7 +3,7 @@
 `build_features(config)` turns the config blocks into EngineFeature objects; the engine only
 calls their hooks and never names one. The order of the table is the order of the hooks:
 fp16 auto-cast first, then layer drop adds its kwargs (as DeepSpeed does), the curriculum cuts
-the batch, and the token count sees what is left.
+the batch, random-LTD counts layer tokens of what is left, and the token count sees it too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from .curriculum import CurriculumFeature, CurriculumScheduler, scheduler_from_d
 from .data_sampling import DataSamplingFeature
 from .flops_profile import FlopsProfileFeature
 from .layer_drop import LayerDropFeature, ProgressiveLayerDrop
+from .random_ltd import RandomLTDFeature
 from .token_budget import TokenBudgetFeature
 
 
@@ -33,6 +34,13 @@ def _curriculum(cfg):
                               "enabled; keep one")
         return CurriculumFeature(CurriculumScheduler(legacy), legacy.curriculum_type)
     return CurriculumFeature(scheduler_from_data_efficiency(newer)) if newer is not None else None
+
+
+def _random_ltd(cfg):
+    block = cfg.data_efficiency.random_ltd_on() if cfg.data_efficiency is not None else None
+    if block is None:
+        return None
+    return RandomLTDFeature(block, cfg.data_efficiency.seed, cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu)
 
 
 def _token_budget(cfg):
@@ -58,11 +66,11 @@ def _flops_profile(cfg):
 # auto_cast first: the other features then see (and cut) the inputs the model will get; the
 # profile after them, so that it counts the forward as it runs; the monitor last, so its step
 # events come after every other feature's step
-FEATURES = (_auto_cast, _layer_drop, _curriculum, _token_budget, _flops_profile, _monitor)
+FEATURES = (_auto_cast, _layer_drop, _curriculum, _random_ltd, _token_budget, _flops_profile, _monitor)
 
 
 def build_features(config, training_loader=None) -> list:
-    """Dynamic batching and random-LTD, not built, are refused by the config itself. A training
+    """Dynamic batching, not built, is refused by the config itself. A training
     loader that draws by the curriculum's metrics takes the curriculum's place."""
     sampling = DataSamplingFeature(training_loader) if hasattr(training_loader, "data_sampler") else None
     made = (sampling if make is _curriculum and sampling is not None else make(config) for make in FEATURES)

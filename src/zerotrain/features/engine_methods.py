@@ -13,6 +13,7 @@ from ..engine.engine import Engine
 from .curriculum import CurriculumFeature
 from .data_sampling import DataSamplingFeature
 from .layer_drop import LayerDropFeature
+from .random_ltd import RandomLTDFeature
 from .token_budget import TokenBudgetFeature
 
 
@@ -41,6 +42,24 @@ class FeatureMethods:
         """Progressive layer drop's current keep probability, None when PLD is off."""
         feature = self.feature(LayerDropFeature)
         return feature.pld.get_theta() if feature is not None else None
+
+    def random_ltd_enabled(self) -> bool:
+        return self.feature(RandomLTDFeature) is not None
+
+    @property
+    def random_ltd_scheduler(self):
+        """random-LTD's RandomLTDScheduler (DeepSpeed's attribute); None when it is off."""
+        feature = self.feature(RandomLTDFeature)
+        return feature.scheduler if feature is not None else None
+
+    def random_ltd_initialize(self) -> None:
+        """DeepSpeed's second half of convert_to_random_ltd: zerotrain routes the layers in
+        convert_to_random_ltd itself (or at initialize), so this only checks that some are."""
+        feature = self.feature(RandomLTDFeature)
+        if feature is None or not feature.layers:
+            raise RuntimeError("random_ltd_initialize: no routed layers; call "
+                               "zerotrain.data_efficiency.convert_to_random_ltd(engine, LayerClass) with random-LTD "
+                               "enabled in the config")
 
     def set_custom_curriculum_learning_schedule(self, fn) -> None:
         """Curriculum learning with schedule_type "custom": difficulty = fn(step); for the
