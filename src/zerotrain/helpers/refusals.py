@@ -42,8 +42,13 @@ REFUSED = {
     "moe": _NO_MOE,
     "compression": "DeepSpeed's compression library is not built",
     "add_core_arguments": "zerotrain.add_config_arguments(parser) adds --deepspeed and --deepspeed_config",
-    "runtime.data_pipeline": "curriculum learning is the config's curriculum_learning / data_efficiency "
-                             "block; random-LTD is not built",
+    "runtime.data_pipeline.data_sampling": "the sampling curriculum is the config's data_efficiency block "
+                                           "(initialize(training_data=...) builds its sampler)",
+    "runtime.data_pipeline.curriculum_scheduler": "use zerotrain.CurriculumScheduler",
+    "runtime.data_pipeline.data_routing.basic_layer": "random-LTD routes layers in place, without a wrapper "
+                                                      "class: zerotrain.data_efficiency.convert_to_random_ltd",
+    "runtime.data_pipeline.data_routing.utils": "random-LTD's gather and scatter are "
+                                                "zerotrain.data_efficiency.random_ltd.gather_tokens / scatter_tokens",
     "runtime.zero.offload_config": "offload is the config's zero_optimization.offload_* blocks",
     "runtime.zero.partition_parameters": "use zerotrain.zero.Init and zerotrain.zero.GatheredParameters; "
                                          "parameters carry no ds_* attributes",

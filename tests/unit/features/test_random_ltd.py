@@ -60,13 +60,14 @@ def test_gpt_middle_blocks_see_the_schedule_and_eval_sees_everything(zerotrain_l
     seen = seen_lengths(model.blocks)  # registered first: they see the routed call's own output
     engine, *_ = zerotrain.initialize(model=model, config=config(ltd()))
     assert "random-LTD (2 of 4 layers keep 8 -> 16 tokens over 4 steps) on blocks.1, blocks.2" in zerotrain_log.text
-    run_steps(engine, 5)
-    schedule = [8, 8, 12, 12, 16]  # fixed_linear from 8 to 16 over 4 steps, multiples of 4
-    assert seen[1] == seen[2] == schedule and seen[0] == seen[3] == [SEQ] * 5
-    engine.eval()
+    run_steps(engine, 2)
+    engine.eval()  # mid-schedule: an evaluation forward still sees every token
     with torch.no_grad():
         engine.module(tokens(0))
-    assert [s[-1] for s in seen] == [SEQ] * 4
+    engine.train()
+    run_steps(engine, 3)
+    schedule = [8, 8, 12, 12, 16]  # fixed_linear from 8 to 16 over 4 steps, multiples of 4
+    assert seen[1] == seen[2] == schedule[:2] + [SEQ] + schedule[2:] and seen[0] == seen[3] == [SEQ] * 6
     # DeepSpeed's names: the scheduler on the engine and its state
     sched = engine.random_ltd_scheduler
     assert engine.random_ltd_enabled() and sched.get_random_ltd_layer_num() == 2

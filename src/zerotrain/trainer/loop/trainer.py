@@ -205,6 +205,7 @@ class Trainer(SavesAndResumes):
             if isinstance(e, (ConfigError, DataError)):
                 raise
             raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
+        self.engine.sample_dealing = "blocked"  # trainer/data/sampler.py: each global micro-batch in rank blocks
         self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
