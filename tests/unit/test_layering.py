@@ -142,7 +142,7 @@ def test_modules_stay_small():
 
 
 # Words that name a feature (features/); the engine core must work without knowing any.
-FEATURE_WORDS = re.compile(r"curriculum|layer_?drop|pld|theta|token_budget|seqlen|lora|ltd", re.I)
+FEATURE_WORDS = re.compile(r"curriculum|layer_?drop|pld|theta|token_budget|seqlen|lora|(?<![a-z])ltd|randomltd", re.I)
 
 
 def feature_names_in_code(source: str, filename: str = "<src>") -> list[str]:

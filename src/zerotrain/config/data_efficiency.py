@@ -153,8 +153,9 @@ class RandomLTDConfig(Block):
     hidden_state_order: Literal["batch_seq_dim", "seq_batch_dim"] | None = acts(
         None, "Layout of the layers' hidden states: [batch, seq, hidden] or [seq, batch, hidden].")
     random_ltd_schedule: RandomLTDScheduleConfig | None = acts(None, "How many tokens the routed layers keep.")
-    layer_token_lr_schedule: LayerTokenLRConfig = acts(None, "An LR schedule by layer tokens (refused when enabled).",
-                                                       default_factory=LayerTokenLRConfig)
+    layer_token_lr_schedule: LayerTokenLRConfig = no_effect(None, "an LR schedule by layer tokens is not "
+                                                                  "implemented (DeepSpeed raises too); refused when "
+                                                                  "enabled", default_factory=LayerTokenLRConfig)
 
     def problem(self) -> tuple[str, str] | None:
         """(key, why) of the first inconsistency of an enabled block."""

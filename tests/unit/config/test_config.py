@@ -44,7 +44,7 @@ DATA_EFF = {  # off at the top: with it on, dynamic batching and random-LTD are 
     "data_routing": {
         "enabled": True,
         "random_ltd": {"enabled": True, "total_layer_num": 24, "random_ltd_layer_num": 22,
-                       "random_ltd_layer_id": [1, 2], "model_mask_name": "attention_mask",
+                       "random_ltd_layer_id": list(range(1, 23)), "model_mask_name": "attention_mask",
                        "model_type": "decoder", "hidden_state_order": "batch_seq_dim",
                        "random_ltd_schedule": {"min_value": 128, "max_value": 2048, "schedule_type": "fixed_linear",
                                                "schedule_config": {"require_steps": 100, "seq_per_step": 16}},
@@ -190,7 +190,8 @@ def test_data_efficiency_every_key():
         "data_sampling.dynamic_batching.sequence_picking_order": "random",
         "data_sampling.dynamic_batching.max_tokens": 4096, "data_sampling.dynamic_batching.verbose": True,
         "data_routing.enabled": True, "data_routing.random_ltd.total_layer_num": 24,
-        "data_routing.random_ltd.random_ltd_layer_num": 22, "data_routing.random_ltd.random_ltd_layer_id": [1, 2],
+        "data_routing.random_ltd.random_ltd_layer_num": 22,
+        "data_routing.random_ltd.random_ltd_layer_id": list(range(1, 23)),
         "data_routing.random_ltd.model_mask_name": "attention_mask", "data_routing.random_ltd.model_type": "decoder",
         "data_routing.random_ltd.hidden_state_order": "batch_seq_dim",
         "data_routing.random_ltd.random_ltd_schedule.min_value": 128,
@@ -258,7 +259,9 @@ def test_data_efficiency_defaults():
     ({"data_sampling": {"enabled": True, "dynamic_batching": {"enabled": True, "max_tokens": 9}}},
      r"^data_efficiency\.data_sampling\.dynamic_batching\.enabled: dynamic batching .* is not built"),
     ({"data_routing": {"enabled": True, "random_ltd": {"enabled": True}}},
-     r"^data_efficiency\.data_routing\.random_ltd\.enabled: random-LTD .* is not built"),
+     r"^data_efficiency\.data_routing\.random_ltd\.total_layer_num is missing: needed when random-LTD is enabled$"),
+    ({"enabled": False, "data_routing": {"enabled": False, "random_ltd": {"enabled": True, "total_layer_num": 2}}},
+     r"^data_efficiency\.data_routing\.random_ltd\.random_ltd_layer_num is missing"),  # its own switch, as DeepSpeed
 ])
 def test_data_efficiency_errors(fragment, match):
     fragment = {"enabled": True, **fragment}

@@ -295,3 +295,15 @@ def test_interface_mistakes():
     with pytest.raises(ModelInterfaceError) as err:
         convert_to_random_ltd(plain, Block)
     assert "convert_to_random_ltd: random-LTD is not enabled in the config" in one_line(err)
+
+
+def test_pipeline_engine_is_refused_in_one_line():
+    from zerotrain.models.block import PreLNBlock
+    from zerotrain.pipe import PipelineModule
+
+    model = PipelineModule([PreLNBlock(8, 2), PreLNBlock(8, 2)], num_stages=1, loss_fn=lambda out, _: out.mean())
+    with pytest.raises(ConfigError) as err:
+        zerotrain.initialize(model=model, config=config(ltd(total=2, ids=[1])))
+    assert one_line(err) == ("data_efficiency.data_routing.random_ltd.enabled: random-LTD does not run through the "
+                             "pipeline engine; train without pipeline stages or set it false")
+

@@ -191,8 +191,7 @@ class Trainer(SavesAndResumes):
         self.warmup_steps = resolve_warmup_steps(schedule_steps, args.warmup_steps, args.warmup_ratio)
         self.ds_config = ds = plan.deepspeed_config(self.info.hidden_size or model_hidden_size(self.model),
                                                     block_size, self.warmup_steps, schedule_steps)
-        uses_ds_scheduler = plan.built.uses_ds_scheduler
-        factory = None
+        uses_ds_scheduler, factory = plan.built.uses_ds_scheduler, None
         plateau = args.lr_scheduler_type == "reduce_lr_on_plateau"
         if not uses_ds_scheduler and not plateau:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
