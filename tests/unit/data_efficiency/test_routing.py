@@ -231,3 +231,20 @@ def test_eval_and_long_enough_schedules_leave_the_layer_alone():
         assert torch.equal(layer(x), want)
         routed.detach(layer)
         assert routed.open == []
+
+
+def test_activation_checkpointing_recomputes_the_same_tokens():
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = PreLNBlock(16, 2).train()
+    router = TokenRouter(FixedSeq(5), 3)
+    RoutedLayer(router, 1, "mask").attach(layer)
+    x = torch.randn(3, 12, 16)
+    grads = []
+    for run in (lambda h: layer(h), lambda h: checkpoint(layer, h, use_reentrant=False)):
+        h = x.clone().requires_grad_()
+        out = run(h)  # the recomputation in backward draws the kept tokens again: the same ones
+        grads.append((out, *torch.autograd.grad(out.square().sum(), [h, *layer.parameters()])))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
