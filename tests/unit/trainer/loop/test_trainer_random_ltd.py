@@ -16,8 +16,9 @@ def test_layer_tokens_beside_tokens(tmp_path):
                                    "schedule_config": {"require_steps": 4, "seq_per_step": 8}}}
     ds = {"data_efficiency": {"enabled": True, "data_routing": {"enabled": True, "random_ltd": ltd}}}
     capture = Capture()
-    _, recs = run(options(tmp_path, model_config="gpt-small", deepspeed=ds, max_steps=5), [capture])
-    recs = [r for r in recs if "loss" in r]  # the training records (the last is the evaluation's)
+    _, recs = run(options(tmp_path, model_config="gpt-small", deepspeed=ds, max_steps=5, validation_split_percentage=0),
+                  [capture])
+    recs = [r for r in recs if "loss" in r]  # the training records
     engine = capture.trainer.engine
     assert engine.sample_dealing == "blocked"
     assert "features: random-LTD (2 of 4 layers keep 8 -> 32 tokens over 4 steps)" in banner(engine, engine.module,
