@@ -61,8 +61,10 @@ class TokenRouter:
 
 # ---- the arguments that follow the tokens ----------------------------------------------------
 def _gather_mask(mask, kept: torch.Tensor, seq_len: int, name: str):
-    if not torch.is_tensor(mask):
-        return mask
+    if not torch.is_tensor(mask):  # flex attention's BlockMask, say: it has no rows to pick
+        raise ModelInterfaceError(f"random-LTD: the mask argument {name!r} is a {type(mask).__name__}, not a tensor, "
+                                  "and cannot follow the kept tokens; use an attention implementation with tensor "
+                                  "masks (sdpa or eager)")
     b, r = kept.shape
     shape = tuple(mask.shape)
     if mask.dim() >= 2 and shape[-2:] == (seq_len, seq_len):  # [.., query, key]
@@ -157,8 +159,8 @@ class RoutedLayer:
             call.args[0] = gather_tokens(hidden, kept, router.batch_first)
         else:
             call.kwargs[hidden_name] = gather_tokens(hidden, kept, router.batch_first)
-        if self.mask_name is not None:
-            call.set(self.mask_name, _gather_mask(call.get(self.mask_name), kept, seq_len, self.mask_name))
+        if self.mask_name is not None and (mask := call.get(self.mask_name)) is not None:
+            call.set(self.mask_name, _gather_mask(mask, kept, seq_len, self.mask_name))
         if router.batch_first:  # HF's layers: positions ride along with the tokens
             for name, gather in (("position_ids", _gather_position_ids), ("position_embeddings", _gather_rotary)):
                 if (value := call.get(name)) is not None:
@@ -167,7 +169,7 @@ class RoutedLayer:
 
     def after(self, module, args, kwargs, output):
         entry = self.open.pop() if self.open else None
-        if entry is None:
+        if entry is None or output is None:  # nothing dropped, or the forward failed (always_call)
             return None
         hidden, kept = entry
         first = self.router.batch_first

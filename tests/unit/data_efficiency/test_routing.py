@@ -248,3 +248,18 @@ def test_activation_checkpointing_recomputes_the_same_tokens():
         grads.append((out, *torch.autograd.grad(out.square().sum(), [h, *layer.parameters()])))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_mask_that_cannot_follow_the_tokens_is_one_line():
+    from zerotrain.errors import ModelInterfaceError
+
+    layer = PreLNBlock(16, 2).train()
+    routed = RoutedLayer(TokenRouter(FixedSeq(5), 0), 0, "mask")
+    routed.attach(layer)
+    for mask, says in ((torch.ones(2, 12, 7, dtype=torch.bool), "has shape (2, 12, 7), which is neither"),
+                       ("block-mask", "is a str, not a tensor")):
+        with pytest.raises(ModelInterfaceError) as err:
+            layer(torch.randn(2, 12, 16), mask)
+        assert says in str(err.value) and "\n" not in str(err.value)
+        assert routed.open == []  # the failed call left nothing behind for the next one
+
