@@ -13,7 +13,7 @@ counters kept and saved (data_efficiency/random_ltd.py has the maths, routing.py
                  current value and step) and layer_tokens
 
 Evaluation forwards (module.eval()) see every token. Layers keep their tokens by a key of the
-data-parallel rank, not the global one: tensor-parallel ranks that share a batch keep the same.
+batch-reading rank (engine.batch_comm), not the global one: tensor ranks that share a batch keep the same.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class RandomLTDFeature(EngineFeature):
         if isinstance(engine, SequenceParallelEngine):
             raise ConfigError(f"{WHERE}.enabled: random-LTD drops tokens of whole sequences and does not run with "
                               "sequence parallelism; set it false or train without sequence_parallel_size")
-        data = getattr(engine.strategy, "comm", engine.comm)
+        data = engine.batch_comm or engine.comm  # the ranks that read different batches
         self.router.rank, self.router.world = data.rank, data.world_size
         module = engine.module
         cls = module.__dict__.get("_random_ltd_class")
