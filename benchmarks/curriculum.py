@@ -247,6 +247,31 @@ def best_lr(plan: Plan, study: Study) -> float:
 
 
 # ---- report ------------------------------------------------------------------------------------
+def saving_along_the_run(plan: Plan, runs: dict) -> str:
+    """Where in the run the curriculum's saving lies: for the held-out loss the baseline had at
+    a quarter, half, three quarters and all of its tokens, the curriculum's tokens and CPU time
+    to the same loss as a fraction of the baseline's. A saving that is large early and shrinks
+    towards the end is the token-based LR decay pulling both arms to the same end point."""
+    fractions = (0.25, 0.5, 0.75, 1.0)
+    rows = []
+    for seed in plan.seeds:
+        base, cur = runs.get(f"headline-none-s{seed}"), runs.get(f"headline-curriculum-s{seed}")
+        if not (base and cur):
+            continue
+        cells = []
+        for frac in fractions:
+            mark = frac * base["final"]["tokens"]
+            level = next(e for e in base["evals"] if e["tokens"] >= mark)
+            b_tok, b_cpu = (first_reach(base["evals"], level["val_loss"], k) for k in ("tokens", "cpu_s"))
+            c_tok, c_cpu = (first_reach(cur["evals"], level["val_loss"], k) for k in ("tokens", "cpu_s"))
+            cells.append("not reached" if c_tok is None else
+                         f"{level['val_loss']:.3f}: {c_tok / b_tok:.2f}x / {c_cpu / b_cpu:.2f}x")
+        rows.append([seed] + cells)
+    return ("Where the saving lies (the baseline's held-out loss at a fraction of its tokens; the "
+            "curriculum's tokens / CPU time to that loss as a multiple of the baseline's):\n\n" +
+            markdown_table(["seed"] + [f"at {f:.0%} of the baseline's tokens" for f in fractions], rows))
+
+
 def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str:
     runs = study.all_runs()
     parts = []
@@ -297,6 +322,7 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         parts.append("Curriculum to the baseline's final held-out loss (target <= 0.8x wall-clock):\n\n" +
                      markdown_table(["seed", "baseline final", "curriculum reaches it at", "x baseline wall-clock",
                                      "x baseline CPU time", "x baseline tokens"], reach))
+        parts.append(saving_along_the_run(plan, runs))
     # stability
     rows = []
     for lr_x, batch_x in plan.stability:
