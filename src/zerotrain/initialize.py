@@ -13,6 +13,8 @@ from .config import load_config, tensor_parallel_size
 from .config.report import notice as config_notice
 from .data import build_dataloader
 from .data.curriculum_loader import build_curriculum_loader, curriculum_sampling_on
+from .data_efficiency.variable_batch_size_and_lr import (build_variable_batch_training,
+                                                          dynamic_batching_notice, dynamic_batching_on)
 from .engine import summary
 from .helpers import activation_checkpointing
 from .comm import Comm, init_parallel
@@ -192,6 +194,12 @@ def _state_bytes(cfg) -> int:
     return OPTIMIZER_BYTES.get(cfg.optimizer.type.lower(), 8) if cfg.optimizer is not None else 8
 
 
+def _is_pipeline(model) -> bool:
+    from .parallel.pipeline.module import PipelineModule
+
+    return isinstance(model, PipelineModule)
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -262,7 +270,14 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if torch_optimizer is not None and scaler is not None:  # optimizer.cur_scale etc., as DeepSpeed's fp16
         expose_loss_scale(torch_optimizer, scaler)
     loader = None
-    if training_data is not None and curriculum_sampling_on(cfg):  # batches drawn by the metrics' difficulty
+    if state.rank == 0 and (notice := dynamic_batching_notice(cfg, training_data is not None)):
+        (log.warning if notice[0] else log.info)(notice[1])
+    if training_data is not None and dynamic_batching_on(cfg):
+        # batches by token count; the schedule (or the optimizer's constant LR) scaled per step
+        loader, scheduler, _ = build_variable_batch_training(training_data, cfg, batch.rank, batch.world_size,
+                                                             collate_fn, scheduler or torch_optimizer,
+                                                             _is_pipeline(model))
+    elif training_data is not None and curriculum_sampling_on(cfg):  # batches drawn by the metrics' difficulty
         loader = build_curriculum_loader(training_data, cfg, batch.rank, batch.world_size, collate_fn=collate_fn)
     elif training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, batch.rank,

@@ -4,22 +4,20 @@ schedule settings the legacy curriculum shares with it.
 zerotrain acts on the sampling curriculum: with `training_data` the loader's batch sampler
 draws each batch from clusters of samples whose metric lies within the current difficulty
 (data/curriculum_sampler.py), reading the metric's index files; without it a seqlen metric
-still cuts each batch. Random-LTD (data routing) drops tokens in the middle layers
-(features/random_ltd.py). Dynamic batching changes what is trained, is not built, and is
-refused when switched on. Like DeepSpeed, the settings of a part are read
-only while that part is enabled; the checks DeepSpeed makes (as asserts or KeyErrors) are
+still cuts each batch. Dynamic batching makes the training loader's batches by token count and
+scales each step's LR (data_efficiency/variable_batch_size_and_lr.py). Random-LTD (data routing)
+drops tokens in the middle layers (features/random_ltd.py). Like DeepSpeed, the settings of a
+part are read only while that part is enabled; the checks DeepSpeed makes (as asserts or KeyErrors) are
 one line each here."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from .base import Block, FieldProblem, Int, Number, acts, no_effect, refused
 
-_PIN = "the curriculum's loader pins memory as the engine's other loaders do (DeepSpeed does not read this key)"
-_DYNAMIC = "dynamic batching is refused when enabled"
 
 
 class ScheduleConfig(Block):
@@ -90,19 +88,36 @@ class DataCurriculumConfig(Block):
 
 
 class DynamicBatchingConfig(Block):
-    enabled: bool = refused(False, "dynamic batching (token-budget batches) changes what is trained and is not "
-                                   "built; set \"enabled\": false", ok=lambda v: True)
-    lr_scaling_method: str = no_effect("linear", _DYNAMIC)
-    min_batch_size: Int = no_effect(1, _DYNAMIC, ge=1)
-    max_batch_size: Int | None = no_effect(None, _DYNAMIC, ge=1)
-    sequence_picking_order: str = no_effect("dataloader", _DYNAMIC)
-    max_tokens: Int | None = no_effect(None, _DYNAMIC, ge=1)
-    verbose: bool = no_effect(False, _DYNAMIC)
+    enabled: bool = acts(False, "Batch by token count: with training_data (and data_efficiency and data_sampling "
+                                "enabled) the loader packs samples into at most max_tokens tokens, and each step's LR "
+                                "is scaled by its sample count; also read by "
+                                "get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed.")
+    metrics_path: str | None = acts(None, "Data analyzer output folder: the lengths are read from "
+                                          "<metrics_path>/seqlen/seqlen_sample_to_metric (.idx/.bin) when there; "
+                                          "otherwise each sample's length is measured.")
+    lr_scaling_method: Literal["linear", "sqrt", "none"] = acts(
+        "linear", "LR x samples / train_batch_size (linear), x its square root (sqrt), or as scheduled (none).")
+    min_batch_size: Int = acts(1, "Fewest samples in a pack; packing ends where a pack cannot reach it.", ge=0)
+    max_batch_size: Int | None = acts(None, "Most samples in a pack.", ge=1)
+    sequence_picking_order: Literal["random", "seqlen", "dataloader"] = acts(
+        "dataloader", "Order samples are packed in: dataset order, ascending length, or shuffled by "
+                      "data_efficiency.seed (reshuffled each epoch).")
+    max_tokens: Int | None = acts(None, "Most tokens (summed sample lengths) in a pack; train_batch_size packs make "
+                                        "a step.", ge=1)
+    verbose: bool = acts(False, "Log every step's packs and every LR scaling.")
+
+    @field_validator("lr_scaling_method", mode="before")
+    @classmethod
+    def _none_any_case(cls, value):
+        return "none" if value is None or (isinstance(value, str) and value.lower() == "none") else value
 
     @model_validator(mode="after")
     def _tokens_when_enabled(self) -> DynamicBatchingConfig:
         if self.enabled and self.max_tokens is None:
             raise FieldProblem("max_tokens", "is missing: needed when dynamic batching is enabled")
+        if self.max_batch_size is not None and self.min_batch_size > self.max_batch_size:
+            raise FieldProblem("min_batch_size", f"{self.min_batch_size} is above max_batch_size "
+                                                 f"{self.max_batch_size}: no pack could be made")
         return self
 
 
@@ -110,10 +125,11 @@ class DataSamplingConfig(Block):
     enabled: bool = acts(False, "Turn the data sampler features on.")
     num_epochs: Int = acts(1000, "The curriculum sampler stops after this many times the dataset's samples.", ge=1)
     num_workers: Int = acts(0, "Worker processes of the curriculum sampler's loader.", ge=0)
-    pin_memory: bool = no_effect(False, _PIN)
+    pin_memory: bool = acts(False, "Pin the dynamic-batching loader's memory (DeepSpeed reads it there only; the "
+                                   "curriculum's loader pins as the engine's other loaders do).")
     curriculum_learning: DataCurriculumConfig = acts(None, "Metric-based sample curriculum.",
                                                      default_factory=DataCurriculumConfig)
-    dynamic_batching: DynamicBatchingConfig = acts(None, "Token-budget batches (refused when enabled).",
+    dynamic_batching: DynamicBatchingConfig = acts(None, "Batches by token count, LR scaled per step.",
                                                    default_factory=DynamicBatchingConfig)
 
 
@@ -197,17 +213,11 @@ class DataEfficiencyConfig(Block):
     data_routing: DataRoutingConfig = acts(None, "Which layers see which tokens.", default_factory=DataRoutingConfig)
 
     @model_validator(mode="after")
-    def _refuse_unbuilt(self) -> DataEfficiencyConfig:
+    def _check_random_ltd(self) -> DataEfficiencyConfig:
         # DeepSpeed's engine switches random-LTD by random_ltd.enabled alone, whatever the switches
         # above it say; the sampling side is read only with every switch above it on.
         if (ltd := self.random_ltd_on()) is not None and (gap := ltd.problem()) is not None:
             raise FieldProblem(f"data_routing.random_ltd.{gap[0]}", gap[1])
-        if not self.enabled:
-            return self
-        sampling = self.data_sampling
-        if sampling.enabled and sampling.dynamic_batching.enabled:
-            raise FieldProblem("data_sampling.dynamic_batching.enabled",
-                               DynamicBatchingConfig.model_fields["enabled"].description)
         return self
 
     def random_ltd_on(self) -> RandomLTDConfig | None:

@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from .auto_cast import AutoCastFeature
 from .curriculum import CurriculumFeature, CurriculumScheduler, scheduler_from_data_efficiency
 from .data_sampling import DataSamplingFeature
+from .dynamic_batching import dynamic_batching_feature
 from .flops_profile import FlopsProfileFeature
 from .layer_drop import LayerDropFeature, ProgressiveLayerDrop
 from .random_ltd import RandomLTDFeature
@@ -70,11 +71,11 @@ FEATURES = (_auto_cast, _layer_drop, _curriculum, _random_ltd, _token_budget, _f
 
 
 def build_features(config, training_loader=None) -> list:
-    """Dynamic batching, not built, is refused by the config itself. A training
-    loader that draws by the curriculum's metrics takes the curriculum's place."""
+    """A training loader that draws by the curriculum's metrics takes the curriculum's place; one that batches by tokens adds its
+    feature first (its LR alignment precedes what the others do at a boundary)."""
     sampling = DataSamplingFeature(training_loader) if hasattr(training_loader, "data_sampler") else None
     made = (sampling if make is _curriculum and sampling is not None else make(config) for make in FEATURES)
-    return [f for f in made if f is not None]
+    return [f for f in (dynamic_batching_feature(training_loader), *made) if f is not None]
 
 
 __all__ = ["build_features", "CurriculumScheduler", "ProgressiveLayerDrop", "FEATURES"]

@@ -34,7 +34,7 @@ METRIC = {"index_to_sample_path": "s", "index_to_metric_path": "m", "difficulty_
           "clustering_type": "single_cluster", "min_difficulty": 1, "max_difficulty": 99.5,
           "schedule_type": "fixed_root",
           "schedule_config": {"total_curriculum_step": 5, "difficulty_step": 1, "root_degree": 2}}
-DATA_EFF = {  # off at the top: with it on, dynamic batching and random-LTD are refused
+DATA_EFF = {  # off at the top: with it on, random-LTD is refused
     "enabled": False, "seed": 7,
     "data_sampling": {
         "enabled": True, "num_epochs": 3, "num_workers": 2, "pin_memory": True,
@@ -256,8 +256,12 @@ def test_data_efficiency_defaults():
      r"(?m)^  data_efficiency\.data_sampling\.curriculum_learning\.curriculum_metrics\.seqlen\.min_dificulty: "
      r"unknown key, did you mean min_difficulty\?$"),
     ({"data_sampling": {"dynamic_batching": {"enabld": True}}}, r"dynamic_batching\.enabld: unknown key"),
-    ({"data_sampling": {"enabled": True, "dynamic_batching": {"enabled": True, "max_tokens": 9}}},
-     r"^data_efficiency\.data_sampling\.dynamic_batching\.enabled: dynamic batching .* is not built"),
+    ({"data_sampling": {"dynamic_batching": {"lr_scaling_method": "cubic"}}},
+     r"^data_efficiency\.data_sampling\.dynamic_batching\.lr_scaling_method: should be 'linear', 'sqrt' or 'none'"),
+    ({"data_sampling": {"dynamic_batching": {"sequence_picking_order": "length"}}},
+     r"dynamic_batching\.sequence_picking_order: should be 'random', 'seqlen' or 'dataloader'"),
+    ({"data_sampling": {"dynamic_batching": {"min_batch_size": 5, "max_batch_size": 4}}},
+     r"^data_efficiency\.data_sampling\.dynamic_batching\.min_batch_size: 5 is above max_batch_size 4"),
     ({"data_routing": {"enabled": True, "random_ltd": {"enabled": True}}},
      r"^data_efficiency\.data_routing\.random_ltd\.total_layer_num is missing: needed when random-LTD is enabled$"),
     ({"enabled": False, "data_routing": {"enabled": False, "random_ltd": {"enabled": True, "total_layer_num": 2}}},
