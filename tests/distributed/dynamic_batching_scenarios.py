@@ -70,3 +70,56 @@ def train_and_resume(config: dict, folder: str, steps: int, save_at: int) -> dic
     resumed["params"] = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
     engine.destroy()
     return {"first": first, "resumed": resumed}
+
+
+def _pairs(samples: list):
+    """(inputs, labels) for the pipeline: the same padded tokens twice."""
+    from zerotrain.data.dynamic_batching import pad_collate
+
+    x = pad_collate(samples)
+    return x, x
+
+
+def pipeline_run(steps: int) -> dict:
+    """A 2-stage PipelineModule GPT: each step's micro-batches from the token-budget loader
+    (equal shapes within a step), recorded for the one-process reference."""
+    from pipe_scenarios import BASE_SEED, gpt_loss, layer_specs
+    from zerotrain.pipe import PipelineModule
+
+    net = PipelineModule(layer_specs(), num_stages=2, loss_fn=gpt_loss, seed_layers=True, base_seed=BASE_SEED,
+                         partition_method="type:PreLNBlock")
+    cfg = config(ga=2, order="seqlen", zero_optimization={"stage": 0})
+    cfg.pop("scheduler")
+    engine, _, loader, _ = zerotrain.initialize(model=net, config=cfg, training_data=dataset(), collate_fn=_pairs)
+    it, out = iter(loader), {"losses": [], "batches": [], "lrs": []}
+    for _ in range(steps):
+        pairs = [next(it) for _ in range(engine.gradient_accumulation_steps())]
+        out["lrs"].append(engine.get_lr()[0])
+        out["losses"].append(engine.train_batch(iter(pairs)).item())
+        out["batches"].append([x for x, _ in pairs])
+    return out
+
+
+def pipeline_reference(batches: list) -> dict:
+    """The same layers as one model on one process, fed the pipeline's micro-batches, its LR
+    scaled by the same rule from their sample counts."""
+    from pipe_scenarios import Reference
+    from zerotrain.schedules.variable_batch import lr_scheduler_for_variable_batch_size
+
+    cfg = config(ga=2, zero_optimization={"stage": 0})
+    for key in ("scheduler", "data_efficiency"):
+        cfg.pop(key)
+    sizes = [sum(len(x) for x in step) for step in batches]
+    engine, *_ = zerotrain.initialize(
+        model=Reference(), config=cfg, lr_scheduler=lambda opt: lr_scheduler_for_variable_batch_size(2, sizes, None, opt))
+    out = {"losses": [], "lrs": []}
+    for step in batches:
+        out["lrs"].append(engine.get_lr()[0])
+        total = 0.0
+        for x in step:
+            loss = engine(x, labels=x)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / len(step)
+        out["losses"].append(total)
+    return out

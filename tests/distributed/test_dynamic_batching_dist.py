@@ -51,3 +51,20 @@ def test_two_ranks_match_one_process_and_resume(world2, tmp_path):
         assert run["resumed"]["micro_losses"] == run["first"]["micro_losses"][cut:]
         assert run["resumed"]["lrs"] == run["first"]["lrs"][SAVE_AT:]
         assert_params_close(run["resumed"]["params"], run["first"]["params"], rtol=0)
+
+
+def test_pipeline_takes_equal_micro_batches(world2):
+    """2 stages x 1 data rank: within a step every micro-batch has one shape (equal sample
+    counts, padded to the step's longest); the losses and LRs equal one process's on the same
+    micro-batches."""
+    from dynamic_batching_scenarios import pipeline_reference, pipeline_run
+
+    ranks = world2.run(pipeline_run, 6)
+    batches = ranks[0]["batches"]
+    assert all(len({tuple(x.shape) for x in step}) == 1 for step in batches)
+    assert len({tuple(step[0].shape) for step in batches}) > 2  # the shapes change from step to step
+    ref = pipeline_reference(batches)
+    for r in ranks:
+        assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+        assert r["lrs"] == pytest.approx(ref["lrs"], rel=1e-12)
+    assert len(set(ref["lrs"])) > 1

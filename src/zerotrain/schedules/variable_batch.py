@@ -19,8 +19,6 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
-import torch
-
 from ..errors import ConfigError
 
 log = logging.getLogger("zerotrain")
@@ -129,9 +127,9 @@ def lr_scheduler_for_variable_batch_size(base_batch_size: int, batch_sizes, data
     """DeepSpeed's function: wrap a schedule (anything with .optimizer) or an optimizer (its
     constant LRs) so that every step's LR is scaled by that step's samples."""
     given = lr_scheduler_or_optimizer
-    if isinstance(given, torch.optim.Optimizer):
+    if hasattr(given, "param_groups"):  # an optimizer (torch's, or one of zerotrain's wrappers)
         base = _ConstantLR(given)
-    elif isinstance(getattr(given, "optimizer", None), torch.optim.Optimizer):
+    elif hasattr(getattr(given, "optimizer", None), "param_groups"):
         base = given
     else:
         raise ConfigError(f"dynamic batching scales the LR of an optimizer or a schedule with .optimizer; got "

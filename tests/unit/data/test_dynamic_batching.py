@@ -220,3 +220,61 @@ def test_bad_inputs_are_one_line():
         data, [1, 2, 2, 2], 4, 2, required_microbatches_of_same_size=True, required_microbatches_of_same_seqlen=True)
     with pytest.raises(DataError, match=r"sample 0 has 5 tokens but its seqlen says at most 2"):
         list(loader)
+
+
+# ---- through the engine -------------------------------------------------------------------------
+def engine_config(**block) -> dict:
+    return {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "data_efficiency": {"enabled": True, "data_sampling": {"enabled": True, "dynamic_batching": {
+                "enabled": True, "max_tokens": 8, **block}}}}
+
+
+DATA = [torch.ones(n, 1) for n in [3, 5, 2, 6, 1, 4, 4, 2, 7, 3]]
+
+
+def test_deepspeed_call_makes_the_engine_batch_by_tokens(tmp_path, caplog):
+    import zerotrain
+    from zerotrain.data.indexed import write_indexed
+    from zerotrain.data_efficiency.variable_batch_size_and_lr import (
+        get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed as deepspeed_call)
+    from zerotrain.features.dynamic_batching import DynamicBatchingFeature
+
+    # lengths from the analyzer's files (one row per sample), here halved on purpose
+    (tmp_path / "seqlen").mkdir()
+    write_indexed(str(tmp_path / "seqlen" / "seqlen_sample_to_metric"), [[max(len(x) // 2, 1)] for x in DATA], np.int64)
+    with caplog.at_level("INFO", logger="zerotrain"):
+        engine, *_ = zerotrain.initialize(model=torch.nn.Linear(1, 1), config=engine_config(metrics_path=str(tmp_path)))
+    assert "initialize got no training_data" in caplog.text
+    loader, scheduler, _ = deepspeed_call(DATA, engine)
+    assert engine.training_dataloader is loader and engine.lr_scheduler is scheduler
+    assert isinstance(engine.features[0], DynamicBatchingFeature)
+    halves = [max(len(x) // 2, 1) for x in DATA]
+    assert [p.tolist() for p in loader.batch_sampler.plan(0).packs] == reference(halves, 8, 2)[0]
+    with pytest.raises(DataError, match=r"^data_efficiency\.data_sampling\.dynamic_batching: 10 sequence lengths "
+                                        r"for a dataset of 9 samples: lengths made for another dataset\?"):
+        deepspeed_call(DATA[:9], engine)
+    engine, *_ = zerotrain.initialize(model=torch.nn.Linear(1, 1), config=engine_config(enabled=False))
+    with pytest.raises(ConfigError, match=r"^data_efficiency\.data_sampling\.dynamic_batching\.enabled is false: "):
+        deepspeed_call(DATA, engine)
+
+
+def test_engine_path_lines(caplog):
+    import zerotrain
+
+    both = engine_config()
+    both["data_efficiency"]["data_sampling"]["curriculum_learning"] = {
+        "enabled": True, "data_cluster_path": "c", "curriculum_metrics": {"m": {
+            "difficulty_type": "value", "clustering_type": "single_cluster", "min_difficulty": 1,
+            "max_difficulty": 2, "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 2, "difficulty_step": 1}}}}
+    with pytest.raises(ConfigError, match=r"^data_efficiency\.data_sampling: curriculum_learning and dynamic_batching "
+                                          r"both draw the training batches; enable one of them$"):
+        zerotrain.initialize(model=torch.nn.Linear(1, 1), config=both, training_data=DATA)
+    off = engine_config()
+    off["data_efficiency"]["data_sampling"]["enabled"] = False
+    with caplog.at_level("INFO", logger="zerotrain"):
+        _, _, loader, _ = zerotrain.initialize(model=torch.nn.Linear(1, 1), config=off, training_data=DATA)
+    assert ("dynamic_batching.enabled is true but data_efficiency.data_sampling.enabled is false: initialize's "
+            "loader makes fixed-size batches") in caplog.text
+    assert next(iter(loader)).shape[0] == 1  # fixed-size: one sample a micro-batch
