@@ -154,10 +154,9 @@ def test_no_effect_keys_name_nested_blocks_and_keys_inside_a_dict_of_blocks():
     cfg = load_config({**BASE, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
                        "data_efficiency": {
                            "data_sampling": {"curriculum_learning": {"curriculum_metrics": {
-                               "seqlen": {"difficulty_type": "value"}}}, "pin_memory": True},
+                               "seqlen": {"difficulty_type": "value"}}}},
                            "data_routing": {"random_ltd": {"layer_token_lr_schedule": {"enabled": False}}}}})
     keys = ["zero_optimization.offload_param (stage 2)",
-            "data_efficiency.data_sampling.pin_memory",
             "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule"]
     assert no_effect_keys(cfg) == keys
     assert notice(cfg) == ("config keys accepted with no effect in zerotrain (`zerotrain config FILE` says why): "
