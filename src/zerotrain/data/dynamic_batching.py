@@ -135,12 +135,11 @@ def plan_epoch(seqlens, max_tokens: int, effective_batch_size: int, ids=None, mi
                         f"than the {effective_batch_size} (train_batch_size) one step needs: lower train_batch_size, "
                         "raise max_tokens or lower min_batch_size")
     packs = packs[:whole]
-    length_of = dict(zip(ids.tolist(), lengths.tolist()))
     sizes, longest = [], []
     for s in range(0, whole, effective_batch_size):
-        step = packs[s:s + effective_batch_size]
-        sizes.append(sum(len(p) for p in step))
-        longest.append(max(length_of[i] for p in step for i in p.tolist()))
+        step = np.concatenate(packs[s:s + effective_batch_size])
+        sizes.append(len(step))
+        longest.append(int(seqlens[step].max()))
     return EpochPlan(packs, sizes, longest, too_long, len(ids) - sum(sizes))
 
 
