@@ -45,6 +45,16 @@ WHERE = "data_efficiency.data_sampling.curriculum_learning"
 _SCHEDULE_KEYS = ("min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
 
 
+def _index_file(prefix: str, what: str, metric: str) -> IndexedFile:
+    """A metric's index file, or one line saying which is missing and what writes it."""
+    for suffix in (".idx", ".bin"):
+        if not os.path.isfile(prefix + suffix):
+            raise DataError(f"{what}: {prefix}{suffix} not found; write the index files with `zerotrain analyze` "
+                            f"(or zerotrain.data_efficiency.DataAnalyzer) on this training data and give the path "
+                            f"without .idx/.bin, e.g. SAVE_PATH/{metric}/{metric}_index_to_sample")
+    return IndexedFile(prefix, what)
+
+
 class _Metric:
     """One metric's schedule and, for schedule_based clustering, its index files."""
 
@@ -57,20 +67,26 @@ class _Metric:
         self.samples = self.values = None
         if self.clustering_type != "schedule_based":
             return
-        index = IndexedFile(spec.index_to_sample_path, f"{self.where}.index_to_sample_path")
+        index = _index_file(spec.index_to_sample_path, f"{self.where}.index_to_sample_path", name)
         self.samples = index.concatenated()
         largest = int(self.samples.max()) if len(self.samples) else -1
         if len(self.samples) != num_samples or largest >= num_samples:
             raise DataError(f"{self.where}.index_to_sample_path: {spec.index_to_sample_path} indexes "
                             f"{len(self.samples)} samples (largest {largest}) but the training data has "
-                            f"{num_samples}: index files made for another dataset?")
+                            f"{num_samples}: index files made for another dataset? Analyse this data again")
         if self.difficulty_type == "value":
-            metric = IndexedFile(spec.index_to_metric_path, f"{self.where}.index_to_metric_path")
+            metric = _index_file(spec.index_to_metric_path, f"{self.where}.index_to_metric_path", name)
             if len(metric) != len(index) or np.any(metric.sizes != 1):
                 raise DataError(f"{self.where}.index_to_metric_path: {spec.index_to_metric_path} should hold one "
                                 f"value per row of index_to_sample ({len(index)} rows), has {len(metric)} rows")
             # one metric value per sample, in index_to_sample's order
             self.values = np.repeat(metric.concatenated(), index.sizes)
+
+    def value_range(self) -> str:
+        """The metric's values, for the line saying no sample lies within a difficulty."""
+        if self.values is None or not len(self.values):
+            return ""
+        return f"; {self.name}'s values run from {self.values.min()} to {self.values.max()}"
 
     def first_previous(self):
         return float("-inf") if self.difficulty_type == "value" else 0
@@ -193,7 +209,8 @@ class CurriculumSampler:
         if not self.clusters:
             raise DataError(f"{WHERE}.curriculum_metrics: no sample lies within the difficulties "
                             f"{self.current_difficulties} at curriculum step {self.curriculum_step}: nothing to draw "
-                            "(check min_difficulty against the metric's values)")
+                            f"(check min_difficulty against the metric's values"
+                            f"{''.join(m.value_range() for m in self.metrics.values())})")
         sizes = np.array([len(c) for c in self.clusters], dtype=np.float64)
         counts = np.bincount(self.rng.choice(len(self.clusters), self.global_batch_size, replace=True,
                                              p=sizes / sizes.sum()), minlength=len(self.clusters))

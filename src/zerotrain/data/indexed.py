@@ -34,31 +34,43 @@ _CODES = {np.dtype(t): c for c, t in DTYPES.items()}
 
 def smallest_index_dtype(max_value: int) -> type:
     """The narrowest unsigned type holding 0..max_value (DeepSpeed picks cluster dtypes this way)."""
-    for t in (np.uint8, np.uint16, np.uint32):
-        if max_value <= np.iinfo(t).max:
+    return fit_int_dtype(0, max_value)
+
+
+def fit_int_dtype(lo: int, hi: int) -> type:
+    """The narrowest type DeepSpeed's analyzer stores values in lo..hi with: unsigned when lo
+    >= 0 (uint8, uint16, uint32, uint64), else signed (int8 .. int64)."""
+    kinds = (np.uint8, np.uint16, np.uint32, np.uint64) if lo >= 0 else (np.int8, np.int16, np.int32, np.int64)
+    for t in kinds:
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
             return t
-    return np.uint64
+    return kinds[-1]
 
 
 def write_indexed(prefix: str, rows, dtype) -> None:
     """Write `rows` (a list of 1-D arrays) as one document of an mmap indexed dataset."""
+    rows = [np.asarray(r).reshape(-1) for r in rows]
+    flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.dtype(dtype))
+    write_rows(prefix, flat, np.array([r.size for r in rows], dtype=np.int64), dtype)
+
+
+def write_rows(prefix: str, values: np.ndarray, sizes: np.ndarray, dtype) -> None:
+    """Write `values` cut into rows of `sizes` elements (a million rows cost no Python loop)."""
     dtype = np.dtype(dtype)
     if dtype not in _CODES:
         raise DataError(f"{prefix}: dtype {dtype} has no code in the indexed-dataset format "
                         f"(one of {', '.join(str(np.dtype(t)) for t in DTYPES.values())})")
-    rows = [np.ascontiguousarray(r, dtype=dtype).reshape(-1) for r in rows]
-    sizes = np.array([r.size for r in rows], dtype=np.int32)
-    pointers = np.zeros(len(rows), dtype=np.int64)
-    if len(rows) > 1:
-        pointers[1:] = np.cumsum(sizes[:-1].astype(np.int64)) * dtype.itemsize
-    doc_idx = np.array([0, len(rows)], dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    pointers = np.zeros(len(sizes), dtype=np.int64)
+    if len(sizes) > 1:
+        pointers[1:] = np.cumsum(sizes[:-1]) * dtype.itemsize
+    doc_idx = np.array([0, len(sizes)], dtype=np.int64)
     with open(f"{prefix}.bin", "wb") as f:
-        for r in rows:
-            f.write(r.tobytes(order="C"))
+        f.write(np.ascontiguousarray(values, dtype=dtype).tobytes(order="C"))
     with open(f"{prefix}.idx", "wb") as f:
         f.write(MAGIC + struct.pack("<Q", 1) + struct.pack("<B", _CODES[dtype]))
-        f.write(struct.pack("<QQ", len(rows), len(doc_idx)))
-        f.write(sizes.tobytes(order="C") + pointers.tobytes(order="C") + doc_idx.tobytes(order="C"))
+        f.write(struct.pack("<QQ", len(sizes), len(doc_idx)))
+        f.write(sizes.astype(np.int32).tobytes(order="C") + pointers.tobytes(order="C") + doc_idx.tobytes(order="C"))
 
 
 class IndexedFile:

@@ -42,8 +42,8 @@ REFUSED = {
     "moe": _NO_MOE,
     "compression": "DeepSpeed's compression library is not built",
     "add_core_arguments": "zerotrain.add_config_arguments(parser) adds --deepspeed and --deepspeed_config",
-    "runtime.data_pipeline.data_sampling": "the sampling curriculum is the config's data_efficiency block "
-                                           "(initialize(training_data=...) builds its sampler)",
+    "runtime.data_pipeline.data_sampling.data_sampler": "the sampling curriculum is the config's data_efficiency "
+                                                        "block (initialize(training_data=...) builds its sampler)",
     "runtime.data_pipeline.curriculum_scheduler": "use zerotrain.CurriculumScheduler",
     "runtime.data_pipeline.data_routing.basic_layer": "random-LTD routes layers in place, without a wrapper "
                                                       "class: zerotrain.data_efficiency.convert_to_random_ltd",

@@ -202,11 +202,13 @@ def test_bad_inputs_are_one_line_each(tmp_path):
     missing = {**paths, "index_to_sample_path": str(tmp_path / "nope")}
     cases = [
         ({"m": metric(missing, "value", "schedule_based", 2, 9)}, N,
-         f"{where}.curriculum_metrics.m.index_to_sample_path: {tmp_path}/nope.idx not found (give the path "
-         "without .idx/.bin; both files are needed)"),
+         f"{where}.curriculum_metrics.m.index_to_sample_path: {tmp_path}/nope.idx not found; write the index files "
+         "with `zerotrain analyze` (or zerotrain.data_efficiency.DataAnalyzer) on this training data and give the "
+         "path without .idx/.bin, e.g. SAVE_PATH/m/m_index_to_sample"),
         ({"m": metric(paths, "value", "schedule_based", 2, 9)}, N + 5,
          f"{where}.curriculum_metrics.m.index_to_sample_path: {paths['index_to_sample_path']} indexes {N} samples "
-         f"(largest {N - 1}) but the training data has {N + 5}: index files made for another dataset?"),
+         f"(largest {N - 1}) but the training data has {N + 5}: index files made for another dataset? Analyse this "
+         "data again"),
     ]
     for metrics, count, line in cases:
         with pytest.raises(DataError) as info:
@@ -216,7 +218,8 @@ def test_bad_inputs_are_one_line_each(tmp_path):
     with pytest.raises(DataError) as info:
         next(iter(s))
     assert str(info.value) == (f"{where}.curriculum_metrics: no sample lies within the difficulties {{'m': -5}} at "
-                               "curriculum step 1: nothing to draw (check min_difficulty against the metric's values)")
+                               "curriculum step 1: nothing to draw (check min_difficulty against the metric's values; m's "
+                               f"values run from {vals.min()} to {vals.max()})")
 
 
 def test_index_files_in_the_format(tmp_path):

@@ -1,0 +1,5 @@
+"""`deepspeed.runtime.data_pipeline.data_sampling` under zerotrain's name: data_analyzer."""
+
+from ....helpers.refusals import missing
+
+__getattr__ = missing(__name__, way="zerotrain.runtime.data_pipeline.data_sampling has data_analyzer")
