@@ -35,8 +35,9 @@ writes it in map order, which is the same unless sample_indices or "index" reord
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import sys
+import traceback
 from collections.abc import Mapping
 
 import numpy as np
@@ -64,7 +65,8 @@ def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
 def _numpy_dtype(dtype, what: str) -> np.dtype:
     found = _TORCH.get(dtype) if isinstance(dtype, torch.dtype) else _DTYPES.get(np.dtype(dtype))
     if found is None:
-        raise ConfigError(f"{what}: {dtype} is not an index-file dtype; use one of uint8, int8, int16, int32, int64, "
+        shown = dtype if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+        raise ConfigError(f"{what}: {shown} is not an index-file dtype; use one of uint8, int8, int16, int32, int64, "
                           "uint16, uint32, uint64")
     return np.dtype(found)
 
@@ -137,13 +139,10 @@ class DataAnalyzer:
         if self.num_threads == 1:
             self._map_part(threads[0])
             return
-        fork = multiprocessing.get_context("fork")  # the dataset and metric functions stay as they are
-        procs = {t: fork.Process(target=self._map_part, args=(t,)) for t in threads}
-        for p in procs.values():
-            p.start()
-        for p in procs.values():
-            p.join()
-        failed = [t for t, p in procs.items() if p.exitcode != 0]
+        # forked (os.fork: the dataset and metric functions need no pickling, and a daemonic
+        # process, such as a DataLoader worker or a test pool's rank, may fork too)
+        children = {t: _fork(self._map_part, t) for t in threads}
+        failed = [t for t, pid in children.items() if os.waitpid(pid, 0)[1] != 0]
         if failed:
             raise RuntimeError(f"DataAnalyzer: map thread(s) {failed} of worker {self.worker_id} failed (see the "
                                f"traceback above); rerun them with specific_threads={failed}")
@@ -187,14 +186,12 @@ class DataAnalyzer:
         out = fn(data)
         name = result["name"]
         if torch.is_tensor(out):
-            dtype, out = _TORCH.get(out.dtype, out.dtype), out.detach().cpu().numpy()
-        elif isinstance(out, np.ndarray):
-            dtype = out.dtype
-        else:
+            out = out.detach().cpu().numpy()
+        if not isinstance(out, np.ndarray):
             raise DataError(f"DataAnalyzer: metric {name}'s function returned {type(out).__name__}; return a tensor "
                             "or numpy array")
-        if np.dtype(dtype) != result["dtype"]:
-            raise DataError(f"DataAnalyzer: metric {name}'s function returned {np.dtype(dtype)} values and "
+        if out.dtype != result["dtype"]:
+            raise DataError(f"DataAnalyzer: metric {name}'s function returned {out.dtype} values and "
                             f"metric_dtypes says {result['dtype']}; make them agree")
         return out
 
@@ -264,6 +261,23 @@ class DataAnalyzer:
         written, or raises the first rank's error."""
         _agree("map", self.run_map, comm_group)
         _agree("reduce", self.run_reduce if self.worker_id == 0 else lambda: None, comm_group)
+
+
+def _fork(fn, *args) -> int:
+    """Run fn(*args) in a child process; its exit status says whether it raised."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        fn(*args)
+        code = 0
+    except BaseException:  # noqa: BLE001  (the child's traceback, then its exit status)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _agree(step: str, fn, group) -> None:
