@@ -13,6 +13,8 @@ from .errors import CheckpointError, ConfigError, DataError, NonFiniteStepsError
 COMMANDS = {
     "demo": ("zerotrain.demo", "train a small GPT on the Python standard library with 2 processes (no download)"),
     "train": ("zerotrain.commands.train", "train a causal LM, masked LM or classifier with HF TrainingArguments options"),
+    "analyze": ("zerotrain.commands.analyze", "each training sample's difficulty (sequence length, vocabulary rarity) "
+                                              "as the index files of the curriculum by any metric"),
     "plot": ("zerotrain.commands.plot", "draw a run's loss, eval loss, LR, seqlen and theta to a PNG"),
     "merge-lora": ("zerotrain.commands.merge_lora", "fold a LoRA adapter into its base model's weights"),
     "config": ("zerotrain.commands.config", "each key of a DeepSpeed config: the value in force and where it came from"),

@@ -49,16 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         launch.add_argument(f"--{name}", type=kind, default=None, help=help_text)
     for cls, title in ((targs.ModelArguments, "model"), (targs.DataArguments, "data"),
                        (targs.TrainingArguments, "training")):
-        group = parser.add_argument_group(title)
-        for name, f in targs.fields_of(cls).items():
-            kind = targs._type_of(f)
-            names = [f"--{name}"] + [f"--{a}" for a in f.metadata.get("aliases", ())]
-            default = f.default if f.default is not None and not callable(f.default) else None
-            help_text = f.metadata["help"] + (f" (default: {default})" if default not in (None, "") else "")
-            extra = {"nargs": "?", "const": "true", "metavar": "BOOL"} if kind.startswith("bool") else {}
-            if "choices" in f.metadata:
-                extra["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}"
-            group.add_argument(*names, dest=name, default=argparse.SUPPRESS, help=help_text.replace("%", "%%"), **extra)
+        add_options(parser.add_argument_group(title), cls)
+
+
+def add_options(group, cls, only: tuple[str, ...] | None = None) -> None:
+    """One option per field of an options dataclass (its help, aliases and choices); values
+    stay strings for targs.build, and options not given are absent from the namespace."""
+    for name, f in targs.fields_of(cls).items():
+        if only is not None and name not in only:
+            continue
+        kind = targs._type_of(f)
+        names = [f"--{name}"] + [f"--{a}" for a in f.metadata.get("aliases", ())]
+        default = f.default if f.default is not None and not callable(f.default) else None
+        help_text = f.metadata["help"] + (f" (default: {default})" if default not in (None, "") else "")
+        extra = {"nargs": "?", "const": "true", "metavar": "BOOL"} if kind.startswith("bool") else {}
+        if "choices" in f.metadata:
+            extra["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}"
+        group.add_argument(*names, dest=name, default=argparse.SUPPRESS, help=help_text.replace("%", "%%"), **extra)
 
 
 def split_foreign(argv: list[str]) -> tuple[list[str], dict]:

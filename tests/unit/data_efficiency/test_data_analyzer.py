@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from collections import Counter
 
 import numpy as np
@@ -22,6 +21,8 @@ from zerotrain.data_efficiency import DataAnalyzer, metrics
 from zerotrain.data_efficiency.tokens import ArrowTokens, IndexedTokens
 from zerotrain.errors import ConfigError, DataError
 
+from mmap_reader import expected_files, narrowest, read_mmap
+
 N, VOCAB = 300, 64
 SINGLE, ACC = "single_value_per_sample", "accumulate_value_over_samples"
 
@@ -30,45 +31,6 @@ def token_rows(seed: int = 0) -> list[np.ndarray]:
     """Rows of 1-40 tokens, skewed so some ids are rare (and one, VOCAB - 1, never occurs)."""
     rng = np.random.default_rng(seed)
     return [np.minimum(rng.geometric(0.08, rng.integers(1, 41)), VOCAB - 2).astype(np.int64) for _ in range(N)]
-
-
-# ---- an independent reader of Megatron's mmap indexed-dataset format -------------------------
-CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.uint16, 7: np.uint32, 8: np.uint64}
-
-
-def read_mmap(prefix: str) -> tuple[np.dtype, list[list[int]]]:
-    head = open(prefix + ".idx", "rb").read()
-    assert head[:9] == b"MMIDIDX\x00\x00"
-    version, code, rows, docs = struct.unpack_from("<QBQQ", head, 9)
-    assert version == 1
-    dtype = np.dtype(CODES[code])
-    sizes = np.frombuffer(head, np.int32, rows, 34)
-    pointers = np.frombuffer(head, np.int64, rows, 34 + 4 * rows)
-    assert len(head) == 34 + 12 * rows + 8 * docs
-    data = open(prefix + ".bin", "rb").read()
-    out = [np.frombuffer(data, dtype, int(n), int(p)).tolist() for n, p in zip(sizes, pointers)]
-    assert sum(sizes) * dtype.itemsize == len(data)
-    return dtype, out
-
-
-# ---- the reference: DeepSpeed's files as its analyzer's description reads ------------------
-def narrowest(lo: int, hi: int):
-    if lo >= 0:
-        return next(t for t, top in ((np.uint8, 255), (np.uint16, 65535), (np.uint32, 2 ** 32 - 1)) if hi <= top)
-    return next(t for t, top in ((np.int8, 127), (np.int16, 32767), (np.int32, 2 ** 31 - 1))
-                if -top - 1 <= lo and hi <= top)
-
-
-def expected_files(values: list[int], order: list[int] | None = None) -> dict:
-    """values[i]: sample i's value; order: the sample ids in map order (default 0..N-1)."""
-    order = order if order is not None else list(range(len(values)))
-    vdt, sdt = np.dtype(narrowest(min(values), max(values))), np.dtype(narrowest(0, len(values) - 1))
-    levels = sorted(set(values))
-    i2s = [[s for s in order if values[s] == v] for v in levels]
-    step = max(1, len(levels) // 100)
-    merged = [sum(i2s[j:j + step], []) for j in range(0, len(levels), step)]
-    return {"sample_to_metric": (vdt, [[v] for v in values]), "index_to_metric": (vdt, [[v] for v in levels]),
-            "index_to_sample": (sdt, i2s), "index_to_sample_percentile_merged": (sdt, merged)}
 
 
 def brute_metrics(rows) -> dict:
