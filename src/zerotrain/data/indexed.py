@@ -60,13 +60,20 @@ def write_rows(prefix: str, values: np.ndarray, sizes: np.ndarray, dtype) -> Non
     if dtype not in _CODES:
         raise DataError(f"{prefix}: dtype {dtype} has no code in the indexed-dataset format "
                         f"(one of {', '.join(str(np.dtype(t)) for t in DTYPES.values())})")
+    with open(f"{prefix}.bin", "wb") as f:
+        f.write(np.ascontiguousarray(values, dtype=dtype).tobytes(order="C"))
+    write_index(prefix, sizes, dtype)
+
+
+def write_index(prefix: str, sizes: np.ndarray, dtype) -> None:
+    """`prefix.idx` for rows of `sizes` elements lying back to back in `prefix.bin` (written
+    by the caller, e.g. in pieces too large to hold at once)."""
+    dtype = np.dtype(dtype)
     sizes = np.asarray(sizes, dtype=np.int64)
     pointers = np.zeros(len(sizes), dtype=np.int64)
     if len(sizes) > 1:
         pointers[1:] = np.cumsum(sizes[:-1]) * dtype.itemsize
     doc_idx = np.array([0, len(sizes)], dtype=np.int64)
-    with open(f"{prefix}.bin", "wb") as f:
-        f.write(np.ascontiguousarray(values, dtype=dtype).tobytes(order="C"))
     with open(f"{prefix}.idx", "wb") as f:
         f.write(MAGIC + struct.pack("<Q", 1) + struct.pack("<B", _CODES[dtype]))
         f.write(struct.pack("<QQ", len(sizes), len(doc_idx)))

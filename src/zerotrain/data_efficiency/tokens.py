@@ -64,9 +64,12 @@ class IndexedTokens:
     def get_batch(self, indices) -> dict:
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.file.sizes[indices].astype(np.int64)
-        if len(indices) and (np.diff(indices) == 1).all():  # a contiguous run: one slice of the map
-            start = int(self.starts[indices[0]])
-            return padded(self.tokens[start:start + int(lengths.sum())], lengths)
+        if len(indices) and (np.diff(indices) == 1).all():  # a contiguous run: one read
+            size = self.file.dtype.itemsize
+            with open(self.file.prefix + ".bin", "rb") as f:  # a read, not the map: memory stays one batch
+                f.seek(int(self.file.pointers[indices[0]]))
+                flat = np.frombuffer(f.read(int(lengths.sum()) * size), dtype=self.file.dtype)
+            return padded(flat, lengths)
         return padded(self.tokens[_ranges(self.starts[indices], lengths)], lengths)
 
 
