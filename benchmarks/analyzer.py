@@ -186,7 +186,8 @@ else:  # DeepSpeed's analyzer on the first n samples
     a = DataAnalyzer(Rows(), metric_names=["total_vocab_freq"], metric_functions=[freq_fn],
                      metric_types=["accumulate_value_over_samples"], metric_dtypes=[torch.int64], **common)
     a.run_map(); a.run_reduce()
-    freq = np.copy(MMapIndexedDataset(args["save"] + "/total_vocab_freq/total_vocab_freq_metric_value", skip_warmup=True)[0])
+    counts = MMapIndexedDataset(args["save"] + "/total_vocab_freq/total_vocab_freq_metric_value", skip_warmup=True)
+    freq = np.copy(counts[0])  # while counts is alive: its __del__ closes the map under any view
     freq[freq == 0] = 1
     table = torch.tensor(-np.log(freq / freq.sum()), dtype=torch.double)
     seqlen = lambda data: torch.count_nonzero(data["padding_mask"], dim=1).long()
@@ -273,7 +274,11 @@ def main() -> None:
     parser.add_argument("--ds-samples", type=int, default=5000)
     parser.add_argument("--work", type=Path, default=Path("/tmp/zerotrain-analyzer-bench"))
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--report-only", action="store_true", help="rewrite README.md from results.json")
     args = parser.parse_args()
+    if args.report_only:
+        write_report(json.loads((OUT / "results.json").read_text()))
+        return
     if args.child:
         tokens, save, threads, vocab = args.child
         print(json.dumps(analyse(tokens, save, int(threads), int(vocab))))
@@ -297,7 +302,42 @@ def main() -> None:
         say(f"no DeepSpeed at {python}: the comparison with DeepSpeed's files is skipped")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    say(f"wrote {OUT / 'results.json'}")
+    write_report(result)
+    say(f"wrote {OUT / 'results.json'} and README.md")
+
+
+def write_report(r: dict) -> None:
+    """docs/results/analyzer/README.md: the table of results.json."""
+    d, a = r["data"], r["analysis"]
+    rows = [
+        ("samples (tokens)", f"{d['samples']:,} ({d['tokens']:,}; {d['full_512']:,} of 512, median {d['median_length']})"),
+        ("text", f"{d['documents']} files of /usr/share/doc, {d['text_bytes'] / 2**20:.1f} MiB, {d['stream_tokens']:,} "
+                 f"tokens (BPE of {d['vocab']})"),
+        ("map processes, batch", f"{r['threads']}, 8192"),
+        ("total_vocab_freq pass", f"{a['freq_seconds']} s"),
+        ("seqlen + vocab_rarity pass", f"{a['metrics_seconds']} s"),
+        ("analysis wall time", f"{a['total_seconds']} s ({a['total_seconds'] / 60:.1f} min; target 10 min)"),
+        ("peak RSS of the analysis process (VmHWM)", f"{a['peak_rss_mib']} MiB"),
+        ("machine", f"{r['machine_cpus']} CPUs, load average {r['load_average_at_start']:.1f} at the start "
+                    "(shared with other jobs)"),
+    ]
+    ds = r.get("deepspeed")
+    if ds:
+        rows += [
+            ("DeepSpeed's MMapIndexedDataset reads our 9 files as we do (rows, dtype, contents)",
+             "yes" if all(ds["deepspeed_reads_ours"].values()) else f"no: {ds['deepspeed_reads_ours']}"),
+            (f"DeepSpeed's DataAnalyzer on the first {ds['ds_samples']:,} samples ({ds['deepspeed_analysis_seconds']} s): "
+             "our files equal its 9 (dtype, rows, contents)",
+             "yes" if all(ds["ours_equal_deepspeeds"].values()) else f"no: {ds['ours_equal_deepspeeds']}"),
+            ("our curriculum sampler on DeepSpeed's files (vocab_rarity percentile + seqlen value, schedule_based)",
+             f"{ds['sampler_on_deepspeed_files']['samples']} samples in {ds['sampler_on_deepspeed_files']['batches']} "
+             f"batches, difficulties {ds['sampler_on_deepspeed_files']['difficulties']}"),
+        ]
+    lines = ["# The data analyzer on a million samples", "",
+             f"`{r['command']}` ([benchmarks/analyzer.py](../../../benchmarks/analyzer.py) says how the data is made); "
+             "raw numbers in [results.json](results.json).", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    (OUT / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
