@@ -168,15 +168,16 @@ else:  # DeepSpeed's analyzer on the first n samples
         def __len__(self):
             return args["n"]
         def __getitem__(self, i):
-            return torch.from_numpy(tokens[i].astype(np.int64))
+            return i, torch.from_numpy(tokens[i].astype(np.int64))
 
-    def pad(items):
-        width = max(len(r) for r in items)
+    def pad(items):  # Megatron's batch: text, padding_mask and each sample's index
+        width = max(len(r) for _, r in items)
         ids = torch.zeros(len(items), width, dtype=torch.long)
         mask = torch.zeros(len(items), width, dtype=torch.long)
-        for k, r in enumerate(items):
+        for k, (_, r) in enumerate(items):
             ids[k, :len(r)], mask[k, :len(r)] = r, 1
-        return {"text": ids, "padding_mask": mask}
+        # without "index", DeepSpeed numbers a dict batch's samples by len(batch), its key count
+        return {"text": ids, "padding_mask": mask, "index": torch.tensor([[i] for i, _ in items])}
 
     def freq_fn(data):  # Megatron-DeepSpeed's total_vocab_freq (BERT form: masked)
         return torch.bincount(data["text"].view(-1), minlength=args["vocab"], weights=data["padding_mask"].view(-1)).long()
@@ -275,9 +276,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/zerotrain-analyzer-bench"))
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--report-only", action="store_true", help="rewrite README.md from results.json")
+    parser.add_argument("--deepspeed-only", action="store_true",
+                        help="keep results.json's million-sample run and --work's files; redo the DeepSpeed checks")
     args = parser.parse_args()
     if args.report_only:
         write_report(json.loads((OUT / "results.json").read_text()))
+        return
+    if args.deepspeed_only:  # the million-sample run kept; DeepSpeed's checks again
+        result = json.loads((OUT / "results.json").read_text())
+        result["deepspeed"] = deepspeed_checks(args.ds_venv / "bin" / "python", args.work, str(args.work / "tokens"),
+                                               str(args.work / "analysis"), result["data"]["vocab"], args.ds_samples)
+        (OUT / "results.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_report(result)
         return
     if args.child:
         tokens, save, threads, vocab = args.child
