@@ -24,6 +24,9 @@ from .train import add_options
 
 METRICS = ("seqlen", "vocab_rarity", "seqlen_vocab_rarity", "total_vocab_freq")
 _OWN = ("save_path", "metrics", "batch_size", "num_threads")
+# the model options that decide the training set (its tokenizer, the default block size, the task)
+_MODEL = ("model_name_or_path", "model_revision", "trust_remote_code", "model_config", "tokenizer_name_or_path",
+          "task")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,20 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--batch_size", type=int, default=1024, help="Samples read per step (default: 1024)")
     own.add_argument("--num_threads", type=int, default=1,
                      help="Processes that map this rank's share of the data (default: 1)")
-    add_options(parser.add_argument_group("model (the tokenizer)"), targs.ModelArguments)
+    add_options(parser.add_argument_group("model (the tokenizer)"), targs.ModelArguments, only=_MODEL)
     add_options(parser.add_argument_group("data"), targs.DataArguments)
     add_options(parser.add_argument_group("training"), targs.TrainingArguments, only=("seed",))
 
 
 def options(args: argparse.Namespace) -> tuple[object, list[str]]:
-    """The run's Options from the file and the command line, and the training options given
-    that do not decide the data (named in a notice)."""
+    """The run's Options from the file and the command line, and the options given that do not
+    decide the training set (named in a notice; unknown names are left to the option parser)."""
     from ..trainer.plan import Options
 
     values = targs.read_options_file(args.options_file) if args.options_file else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "options_file", "foreign", *_OWN)})
-    aliases, training = targs.aliases(), targs.fields_of(targs.TrainingArguments)
-    unused = sorted(k for k in values if aliases.get(k, k) in training and aliases.get(k, k) != "seed")
+    aliases = targs.aliases()
+    deciding = {*_MODEL, *targs.fields_of(targs.DataArguments), "seed"}
+    known = {name for cls in targs.ALL for name in targs.fields_of(cls)}
+    unused = sorted(k for k in values if aliases.get(k, k) in known and aliases.get(k, k) not in deciding)
     for key in unused:
         del values[key]
     values["output_dir"] = args.save_path  # stands in for the run folder, which nothing here reads
@@ -70,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     comm = Comm(init_parallel())
     rank0 = comm.rank == 0
     if rank0:
-        for line in [*parsed.notices] + ([f"{', '.join(unused)}: training options, no effect on the analysis"]
-                                         if unused else []):
+        why = "no effect on the analysis (only the data, tokenizer and seed options decide the training set)"
+        for line in [*parsed.notices] + ([f"{', '.join(unused)}: {why}"] if unused else []):
             print(f"zerotrain: notice: {line}", flush=True)
     tokenizer = load_tokenizer(model.tokenizer_name_or_path, model.model_name_or_path, model.model_revision,
                                model.trust_remote_code)

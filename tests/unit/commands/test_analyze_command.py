@@ -20,14 +20,15 @@ def test_analyze_writes_the_metrics_of_the_training_lines(tmp_path, capsys):
     lines = [("ab" * (i % 7) + "xyz"[i % 3] * (i % 5) + "q" * (i % 11)).strip() or "z" for i in range(60)]
     lines[5] = "a much longer line than the block size, cut by truncation"
     (tmp_path / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (tmp_path / "run.yaml").write_text("learning_rate: 0.5\nseed: 3\n", encoding="utf-8")
+    (tmp_path / "run.yaml").write_text("learning_rate: 0.5\nlora_rank: 4\nseed: 3\n", encoding="utf-8")
     out = tmp_path / "analysis"
     code = main(["analyze", str(tmp_path / "run.yaml"), "--train_file", str(tmp_path / "train.txt"), "--line_by_line",
                  "--block_size", str(BLOCK), "--validation_split_percentage", "0", "--save_path", str(out),
                  "--cache_dir", str(tmp_path / "cache"), "--batch_size", "8"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "zerotrain: notice: learning_rate: training options, no effect on the analysis" in printed
+    assert ("zerotrain: notice: learning_rate, lora_rank: no effect on the analysis (only the data, tokenizer and "
+            "seed options decide the training set)") in printed
     assert f"analyzed {len(lines)} training samples" in printed
 
     samples = [line.encode()[:BLOCK] for line in lines]
@@ -49,3 +50,6 @@ def test_option_mistakes_are_one_line(tmp_path, capsys):
     assert main(["analyze", "--train_file", str(tmp_path / "none.txt"), "--save_path", str(tmp_path / "a"),
                  "--cache_dir", str(tmp_path / "cache")]) == 2
     assert capsys.readouterr().err.strip() == f"zerotrain: error: train_file {tmp_path}/none.txt: does not exist"
+    (tmp_path / "typo.yaml").write_text("lerning_rate: 0.5\n", encoding="utf-8")
+    assert main(["analyze", str(tmp_path / "typo.yaml"), "--train_file", "x", "--save_path", str(tmp_path / "a")]) == 2
+    assert "zerotrain: error: lerning_rate: unknown option" in capsys.readouterr().err
