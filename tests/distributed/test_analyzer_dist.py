@@ -1,6 +1,7 @@
 """The data analyzer over 2 real ranks (gloo): each maps its half with 2 forked threads, rank 0
-reduces; the files equal one process's byte for byte, and a failure on one rank stops both
-with a line naming it."""
+reduces (from the shared folder, or, DistributedDataAnalyzer, from values sent through the
+group); the files equal one process's byte for byte, and a failure on one rank stops both with
+a line naming it."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ def analyze(tokens: str, save_path: str, num_threads: int = 1) -> list[str]:
     return [analyzer.worker_id, analyzer.num_workers]
 
 
+def analyze_in_memory(tokens: str, base: str) -> int:
+    """DeepSpeed's DistributedDataAnalyzer: each rank its own folder; rank 0's gets the files."""
+    import zerotrain.comm as dist
+    from zerotrain.data_efficiency import DistributedDataAnalyzer, metrics
+    from zerotrain.data_efficiency.tokens import IndexedTokens
+
+    analyzer = DistributedDataAnalyzer(IndexedTokens(tokens), batch_size=16, num_threads=2,
+                                       metric_names=["seqlen", "total_vocab_freq"],
+                                       metric_functions=[metrics.seqlen, metrics.total_vocab_freq(VOCAB)],
+                                       metric_types=[SINGLE, ACC], save_path=f"{base}/rank{dist.get_rank()}",
+                                       device="cpu", progress=False)
+    analyzer.run_map_reduce()
+    return analyzer.num_workers
+
+
 def failing_on_rank1(tokens: str, save_path: str) -> str:
     from zerotrain.data_efficiency import DataAnalyzer
     from zerotrain.data_efficiency.tokens import IndexedTokens
@@ -64,6 +80,11 @@ def test_two_ranks_write_the_files_one_process_writes(world2, tmp_path):
     assert len(names) == 2 + 8 + 8  # metric_value; 4 files of each single-value metric, .idx and .bin
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+
+    assert world2.run(analyze_in_memory, tokens, str(tmp_path / "mem")) == [2, 2]
+    for name in names:
+        if name.parts[0] != "vocab_rarity":
+            assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "mem" / "rank0" / name).read_bytes(), name
 
     failed = world2.run(failing_on_rank1, tokens, str(tmp_path / "bad"))
     assert failed == ["DataError: DataAnalyzer: map failed on worker 1: ValueError: bad sample",

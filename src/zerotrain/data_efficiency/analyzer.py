@@ -94,7 +94,7 @@ class DataAnalyzer:
         self.sample_indices = None if sample_indices is None else np.asarray(sample_indices, dtype=np.int64)
         self.progress = progress
         self._check()
-        self._dtypes = [_numpy_dtype(d, f"DataAnalyzer metric_dtypes ({n})")
+        self._dtypes = [None if d is None else _numpy_dtype(d, f"DataAnalyzer metric_dtypes ({n})")
                         for n, d in zip(self.metric_names, self.metric_dtypes)]
         if num_threads_reduce != 1 and self.worker_id == 0:
             log.info("DataAnalyzer: num_threads_reduce %s has no effect (the reduce is one vectorised pass)",
@@ -190,6 +190,8 @@ class DataAnalyzer:
         if not isinstance(out, np.ndarray):
             raise DataError(f"DataAnalyzer: metric {name}'s function returned {type(out).__name__}; return a tensor "
                             "or numpy array")
+        if result["dtype"] is None:  # DistributedDataAnalyzer: the first batch says
+            result["dtype"] = _numpy_dtype(out.dtype, f"DataAnalyzer metric {name}'s values")
         if out.dtype != result["dtype"]:
             raise DataError(f"DataAnalyzer: metric {name}'s function returned {out.dtype} values and "
                             f"metric_dtypes says {result['dtype']}; make them agree")
@@ -232,8 +234,8 @@ class DataAnalyzer:
             write_rows(f"{prefix}_sample_index", ids, [len(ids)], np.int64)
 
     # ---- reduce -----------------------------------------------------------------------------
-    def _parts(self, name: str, suffix: str):
-        for w in range(self.num_workers):
+    def _parts(self, name: str, suffix: str, workers=None):
+        for w in range(self.num_workers) if workers is None else workers:
             for t in range(self.num_threads):
                 prefix = os.path.join(self.part_folder(name, w, t), f"{name}_{suffix}")
                 if not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin")):
@@ -247,20 +249,68 @@ class DataAnalyzer:
             self.custom_reduce(self.dataset, self.metric_names, self.metric_types, self.save_path, self.num_workers,
                                self.num_threads, self.num_threads_reduce)
             return
+        self._write(self._read_parts())
+
+    def _read_parts(self, workers=None) -> dict:
+        """Per metric, what the map parts hold: (values, sample ids) or the accumulated parts."""
+        found = {}
         for name, kind in zip(self.metric_names, self.metric_types):
             if kind == ACCUMULATE:
-                parts = [p.concatenated().astype(np.int64) for p in self._parts(name, "metric_value")]
-                write_accumulated(self.save_path, name, [p for p in parts if p.size])
+                parts = [p.concatenated().astype(np.int64) for p in self._parts(name, "metric_value", workers)]
+                found[name] = [p for p in parts if p.size]
                 continue
-            values = np.concatenate([p.concatenated().astype(np.int64) for p in self._parts(name, "sample_to_metric")])
-            ids = np.concatenate([p.concatenated() for p in self._parts(name, "sample_index")])
-            write_metric(self.save_path, name, values, ids, len(self.dataset))
+            found[name] = (np.concatenate([p.concatenated().astype(np.int64)
+                                           for p in self._parts(name, "sample_to_metric", workers)]),
+                           np.concatenate([p.concatenated() for p in self._parts(name, "sample_index", workers)]))
+        return found
+
+    def _write(self, found: dict) -> None:
+        for name, kind in zip(self.metric_names, self.metric_types):
+            if kind == ACCUMULATE:
+                write_accumulated(self.save_path, name, found[name])
+            else:
+                write_metric(self.save_path, name, *found[name], len(self.dataset))
 
     def run_map_reduce(self, comm_group=None) -> None:
         """Map this worker's share, then worker 0 reduces; every rank returns once the files are
         written, or raises the first rank's error."""
         _agree("map", self.run_map, comm_group)
         _agree("reduce", self.run_reduce if self.worker_id == 0 else lambda: None, comm_group)
+
+
+class DistributedDataAnalyzer(DataAnalyzer):
+    """DeepSpeed's DistributedDataAnalyzer (same arguments): every rank maps its share into its
+    own save_path, the values reach rank 0 through the process group (no shared folder), and
+    rank 0 writes the same files DataAnalyzer does. num_workers and worker_id are the group's
+    (comm_group's, else the world's); metric dtypes are the values' own; `device` has no
+    effect (the values travel as objects)."""
+
+    def __init__(self, dataset, num_workers=None, num_threads=1, worker_id=None, batch_size=1, metric_names=(),
+                 metric_functions=(), metric_types=(), save_path="./", collate_fn=None, device="cuda",
+                 comm_group=None, sample_indices=None, *, progress: bool = True):
+        self.comm_group, self.device = comm_group, device
+        if comm_group is not None:
+            num_workers, worker_id = facade.get_world_size(comm_group), facade.get_rank(comm_group)
+        super().__init__(dataset, num_workers, worker_id, num_threads, batch_size=batch_size,
+                         metric_names=metric_names, metric_functions=metric_functions, metric_types=metric_types,
+                         metric_dtypes=[None] * len(metric_names), save_path=save_path, collate_fn=collate_fn,
+                         sample_indices=sample_indices, progress=progress)
+
+    def run_map_reduce(self) -> None:
+        _agree("map", self.run_map, self.comm_group)
+        found = [None] * facade.get_world_size(self.comm_group)
+        facade.all_gather_object(found, self._read_parts([self.worker_id]), group=self.comm_group)
+
+        def reduce():
+            if self.worker_id == 0:
+                merged = {}
+                for name, kind in zip(self.metric_names, self.metric_types):
+                    parts = [f[name] for f in found]
+                    merged[name] = [p for part in parts for p in part] if kind == ACCUMULATE else \
+                        tuple(np.concatenate([part[k] for part in parts]) for k in (0, 1))
+                self._write(merged)
+
+        _agree("reduce", reduce, self.comm_group)
 
 
 def _fork(fn, *args) -> int:
