@@ -278,3 +278,12 @@ def test_engine_path_lines(caplog):
     assert ("dynamic_batching.enabled is true but data_efficiency.data_sampling.enabled is false: initialize's "
             "loader makes fixed-size batches") in caplog.text
     assert next(iter(loader)).shape[0] == 1  # fixed-size: one sample a micro-batch
+
+
+def test_deepspeed_import_path_is_dynamic_batching():
+    from zerotrain.data_efficiency import variable_batch_size_and_lr as ours
+    from zerotrain.runtime.data_pipeline.data_sampling import variable_batch_size_and_lr as alias
+
+    for name in ours.__all__:
+        assert getattr(alias, name) is getattr(ours, name), name
+    assert "get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed" in ours.__all__
