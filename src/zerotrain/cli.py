@@ -21,6 +21,7 @@ COMMANDS = {
     "estimate": ("zerotrain.commands.estimate", "model-state memory per rank for each ZeRO stage and offload choice"),
     "launch": ("zerotrain.commands.launch", "start a script on N ranks with the `deepspeed` launcher's options"),
     "consolidate": ("zerotrain.commands.consolidate", "write full fp32 weights (safetensors) from a checkpoint of any stage"),
+    "convert": ("zerotrain.commands.convert", "write a checkpoint as a DeepSpeed universal checkpoint (--to deepspeed-universal)"),
 }
 
 

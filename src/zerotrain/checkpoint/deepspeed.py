@@ -297,6 +297,14 @@ class DeepSpeedState(SavedState):
     def client_state(self) -> dict:
         return {k: v for k, v in self.states.items() if k not in _OWN_KEYS}
 
+    def feature_states(self) -> dict:
+        """zerotrain's feature counters: DeepSpeed's own checkpoints hold none."""
+        return {}
+
+    def describe(self) -> str:
+        return (f"DeepSpeed {self.states.get('ds_version')} checkpoint (ZeRO stage {self.stage}, {self.ranks} "
+                "data-parallel rank(s))")
+
     def check_model(self, layout: dict) -> None:
         """Every trainable parameter of this run is in the checkpoint, with its shape."""
         shapes = {n: tuple(s) for group in self.states.get("param_shapes") or [] for n, s in group.items()}

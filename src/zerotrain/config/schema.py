@@ -163,8 +163,8 @@ class TokenBudgetConfig(Block):
 
 
 class CheckpointConfig(Block):
-    """DeepSpeed's `checkpoint` block: zerotrain acts on node-local storage; the rest is about
-    DeepSpeed's own checkpoint writers and formats."""
+    """DeepSpeed's `checkpoint` block: zerotrain acts on node-local storage and on which pointer
+    file names the folder to load; the rest is about DeepSpeed's own checkpoint writers and formats."""
 
     use_node_local_storage: bool = acts(
         False, "Each node writes and reads its own ranks' checkpoint files under its own save_dir (clusters "
@@ -176,7 +176,10 @@ class CheckpointConfig(Block):
     @classmethod
     def _any_case(cls, value):  # DeepSpeed reads the mode in any case
         return value.upper() if isinstance(value, str) and value.upper() in ("WARN", "IGNORE", "FAIL") else value
-    load_universal: Any = no_effect(None, "a checkpoint of N ranks loads into M ranks without a universal format")
+    load_universal: bool = acts(
+        False, "load_checkpoint without a tag loads the folder `latest_universal` names (a DeepSpeed universal "
+               "checkpoint: ds_to_universal or `zerotrain convert --to deepspeed-universal`), and refuses any other "
+               "kind; without it `latest` is read. A universal folder named by tag loads either way.")
     checkpoint_serialization: Any = no_effect(None, "checkpoint files are zerotrain's own (manifest, checksums)")
     writer: Any = no_effect(None, "checkpoint files are written by zerotrain's own crash-safe writer")
     parallel_write: Any = no_effect(None, "every rank writes its own files at once already")

@@ -36,6 +36,7 @@ from ..parallel.tensor.dtensor import load_rank_state_dict, rank_state_dict, spl
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
 from ..checkpoint.reshard import relayout, reshard_rank_state
+from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
 from .export import check_save_dir, frozen_names
@@ -236,10 +237,11 @@ def _agreed(engine, load_dir, tag, fallback: bool):
 
 def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: bool,
                     load_lr_scheduler_states: bool, load_module_only: bool, fallback: bool = False):
-    ds_folder = deepspeed_folder(load_dir, tag)
-    if ds_folder is not None:  # a folder DeepSpeed wrote: read as it is
+    universal = universal_folder(load_dir, tag, engine.config.checkpoint.load_universal)
+    ds_folder = universal or deepspeed_folder(load_dir, tag)
+    if ds_folder is not None:  # a folder DeepSpeed wrote (or its universal format): read as it is
         return load_deepspeed(engine, ds_folder, strict, load_optimizer_states, load_lr_scheduler_states,
-                              load_module_only)
+                              load_module_only, UniversalState if universal is not None else DeepSpeedState)
     path = _agreed(engine, load_dir, tag, fallback)
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
@@ -312,15 +314,16 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
 
 
 def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
-                   load_module_only: bool):
-    """A DeepSpeed tag folder (checkpoint/deepspeed.py) into this engine, on its own stage and
-    data-parallel size: weights, fp32 masters, optimizer state, counters, LR schedule, loss scale."""
+                   load_module_only: bool, reader=DeepSpeedState):
+    """A DeepSpeed tag folder (checkpoint/deepspeed.py) or universal folder (checkpoint/universal.py,
+    `reader` UniversalState) into this engine, on its own stage and data-parallel size: weights,
+    fp32 masters, optimizer state, counters, LR schedule, loss scale."""
     if engine.checkpoint_prefix:
         raise CheckpointError(f"{path}: DeepSpeed checkpoints load into data-parallel runs; this run has pipeline "
                               "or tensor parallelism")
     shard = engine.strategy.comm
     names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
-    saved = DeepSpeedState(path, names)
+    saved = reader(path, names)
     layout = engine.strategy.layout(_param_names(engine.module))
     states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
     with _applying(path, states_file):
@@ -347,11 +350,14 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
         scaler = saved.loss_scaler()
         if load_optimizer_states and engine.loss_scaler is not None and scaler is not None:
             engine.loss_scaler.load_state_dict(scaler)
+        for feature in engine.features:  # zerotrain's own, kept in its universal conversions
+            state = saved.feature_states().get(feature.name)
+            if state is not None:
+                feature.load_state_dict(state)
     if engine.comm.rank == 0:
-        log.warning("%s: DeepSpeed %s checkpoint (ZeRO stage %d, %d data-parallel rank(s)) loaded at stage %d by %d: "
-                    "weights, fp32 masters, optimizer state, step counters, LR schedule and loss scale carried over; "
-                    "not carried over: the RNG states and the data position (DeepSpeed saves neither per rank)",
-                    path, saved.states.get("ds_version"), saved.stage, saved.ranks, engine.strategy.stage,
+        log.warning("%s: %s loaded at stage %d by %d rank(s): weights, fp32 masters, optimizer state, step counters, "
+                    "LR schedule and loss scale carried over; not carried over: the RNG states and the data position "
+                    "(DeepSpeed saves neither per rank)", path, saved.describe(), engine.strategy.stage,
                     shard.world_size)
     return str(path), client_state
 
