@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -346,7 +347,7 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
             setattr(engine, name, value)
         engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
         if load_lr_scheduler_states and engine.lr_scheduler is not None and saved.lr_scheduler() is not None:
-            engine.lr_scheduler.load_state_dict(saved.lr_scheduler())
+            _load_schedule(engine, saved.lr_scheduler(), path)
         scaler = saved.loss_scaler()
         if load_optimizer_states and engine.loss_scaler is not None and scaler is not None:
             engine.loss_scaler.load_state_dict(scaler)
@@ -360,6 +361,27 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
                     "(DeepSpeed saves neither per rank)", path, saved.describe(), engine.strategy.stage,
                     shard.world_size)
     return str(path), client_state
+
+
+def _load_schedule(engine, state: dict, path) -> None:
+    """DeepSpeed's schedules keep one counter, last_batch_iteration (-1 before the first step);
+    a torch scheduler (the trainer's HF schedules) keeps last_epoch (0 before it): the same
+    position under another name, so this run's own schedule continues where DeepSpeed's was."""
+    scheduler = engine.lr_scheduler
+    own = scheduler.state_dict()
+    if set(state) <= set(own):
+        scheduler.load_state_dict(state)
+        return
+    if "last_batch_iteration" not in state or "last_epoch" not in own:
+        raise CheckpointError(f"{path}: its LR schedule's state ({', '.join(sorted(state))}) does not fit this run's "
+                              f"{type(scheduler).__name__}; pass load_lr_scheduler_states=False to start it afresh")
+    scheduler.last_epoch = int(state["last_batch_iteration"])
+    with warnings.catch_warnings():  # torch's "step() before optimizer.step()": here no step is skipped
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()  # last_epoch + 1 steps taken, and the groups' lr set from this run's curve
+    if engine.comm.rank == 0:
+        log.warning("%s: its LR schedule is DeepSpeed's, this run's is %s: the latter continues at step %d",
+                    path, type(scheduler).__name__, scheduler.last_epoch)
 
 
 def _groups(engine) -> list[dict] | None:

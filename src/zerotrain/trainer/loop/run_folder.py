@@ -16,6 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ...checkpoint.universal import LATEST_UNIVERSAL
 from ...errors import CheckpointError, ConfigError
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -72,6 +73,8 @@ def resolve_resume(value: str, output_dir: Path) -> tuple[Path, str | None]:
         raise CheckpointError(f"--resume_from_checkpoint {value}: no such checkpoint folder")
     if (path / "latest").is_file() and not (path / "manifest.json").is_file():
         return path, None  # a run folder: its newest checkpoint
+    if (path / LATEST_UNIVERSAL).is_file():  # DeepSpeed universal checkpoints: the newest one
+        return path, (path / LATEST_UNIVERSAL).read_text(errors="replace").strip()
     return path.parent, path.name
 
 

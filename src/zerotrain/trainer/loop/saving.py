@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...checkpoint.deepspeed import deepspeed_folder
+from ...checkpoint.universal import is_universal
 from ...errors import ConfigError
 from . import run_folder
 from .step import TrainClock
@@ -69,8 +70,9 @@ class SavesAndResumes:
         return folder
 
     def _deepspeed_position(self) -> dict:
-        """A checkpoint DeepSpeed wrote holds no place in an epoch: continue after the
-        micro-batches its steps consumed, in this run's sample order."""
+        """A checkpoint DeepSpeed wrote (or converted to its universal format) holds no place
+        in an epoch: continue after the micro-batches its steps consumed, in this run's sample
+        order. zerotrain's own conversions keep the trainer's state, and skip this."""
         epoch, micro = divmod(self.engine.global_steps * self.engine.gradient_accumulation_steps(),
                               self.micro_per_epoch)
         return {"epoch": epoch, "micro_in_epoch": micro, "tokens": 0, "world_size": self.comm.world_size,
@@ -80,7 +82,7 @@ class SavesAndResumes:
         save_dir, tag = self.plan.folder.resume
         path, client = self.engine.load_checkpoint(str(save_dir), tag=tag)
         state = (client or {}).get("trainer")
-        if path is not None and state is None and deepspeed_folder(path) is not None:
+        if path is not None and state is None and (deepspeed_folder(path) is not None or is_universal(Path(path))):
             state = self._deepspeed_position()
         if path is None or state is None:
             raise ConfigError(f"--resume_from_checkpoint {self.args.resume_from_checkpoint}: "
