@@ -52,6 +52,7 @@ def _check_names(names: list[str], path: Path) -> None:
             raise CheckpointError(f"{path}: parameter name {name!r} cannot be a folder name of a universal checkpoint")
 
 
+@torch.no_grad()  # the rank files hold parameters: their ranges must not come out as autograd results
 def write_universal(src, dst, tag: str | None = None, overwrite: bool = False) -> dict:
     """Write the universal folder `dst` (and `latest_universal` beside it) from the zerotrain
     checkpoint `src` (a save_dir, with `latest` or `tag`, or one tag folder). Returns a summary
