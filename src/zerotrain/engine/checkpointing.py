@@ -28,7 +28,6 @@ import contextlib
 import logging
 import os
 import random
-import warnings
 
 import numpy as np
 import torch
@@ -36,7 +35,7 @@ import torch
 from ..parallel.tensor.dtensor import load_rank_state_dict, rank_state_dict, split_record
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
-from ..checkpoint.reshard import relayout, reshard_rank_state
+from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
@@ -241,6 +240,8 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     universal = universal_folder(load_dir, tag, engine.config.checkpoint.load_universal)
     ds_folder = universal or deepspeed_folder(load_dir, tag)
     if ds_folder is not None:  # a folder DeepSpeed wrote (or its universal format): read as it is
+        from .deepspeed_folders import load_deepspeed  # it uses this module's helpers
+
         return load_deepspeed(engine, ds_folder, strict, load_optimizer_states, load_lr_scheduler_states,
                               load_module_only, UniversalState if universal is not None else DeepSpeedState)
     path = _agreed(engine, load_dir, tag, fallback)
@@ -312,76 +313,6 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         with _applying(path, rng_file.name):
             _set_rng_state(rng)
     return str(path), client_state
-
-
-def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
-                   load_module_only: bool, reader=DeepSpeedState):
-    """A DeepSpeed tag folder (checkpoint/deepspeed.py) or universal folder (checkpoint/universal.py,
-    `reader` UniversalState) into this engine, on its own stage and data-parallel size: weights,
-    fp32 masters, optimizer state, counters, LR schedule, loss scale."""
-    if engine.checkpoint_prefix:
-        raise CheckpointError(f"{path}: DeepSpeed checkpoints load into data-parallel runs; this run has pipeline "
-                              "or tensor parallelism")
-    shard = engine.strategy.comm
-    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
-    saved = reader(path, names)
-    layout = engine.strategy.layout(_param_names(engine.module))
-    states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
-    with _applying(path, states_file):
-        saved.check_model(layout)
-        sharded = _sharded_names(engine)
-        _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
-                     _layout_names(engine, layout))
-    with _applying(path, "*optim_states.pt"):
-        rank_state = relayout(saved, layout, shard.rank, _groups(engine), masters=engine.strategy.stepper is not None)
-        _write_whole_weights(engine, rank_state.pop("whole"))
-        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
-                and rank_state["optimizer"] is not None:
-            engine.optimizer.load_state_dict(rank_state["optimizer"])
-        engine.strategy.load_state_dict(rank_state["strategy"])
-    client_state = saved.client_state()
-    if load_module_only:
-        return str(path), client_state
-    with _applying(path, states_file):
-        for name, value in saved.counters().items():
-            setattr(engine, name, value)
-        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
-        if load_lr_scheduler_states and engine.lr_scheduler is not None and saved.lr_scheduler() is not None:
-            _load_schedule(engine, saved.lr_scheduler(), path)
-        scaler = saved.loss_scaler()
-        if load_optimizer_states and engine.loss_scaler is not None and scaler is not None:
-            engine.loss_scaler.load_state_dict(scaler)
-        for feature in engine.features:  # zerotrain's own, kept in its universal conversions
-            state = saved.feature_states().get(feature.name)
-            if state is not None:
-                feature.load_state_dict(state)
-    if engine.comm.rank == 0:
-        log.warning("%s: %s loaded at stage %d by %d rank(s): weights, fp32 masters, optimizer state, step counters, "
-                    "LR schedule and loss scale carried over; not carried over: the RNG states and the data position "
-                    "(DeepSpeed saves neither per rank)", path, saved.describe(), engine.strategy.stage,
-                    shard.world_size)
-    return str(path), client_state
-
-
-def _load_schedule(engine, state: dict, path) -> None:
-    """DeepSpeed's schedules keep one counter, last_batch_iteration (-1 before the first step);
-    a torch scheduler (the trainer's HF schedules) keeps last_epoch (0 before it): the same
-    position under another name, so this run's own schedule continues where DeepSpeed's was."""
-    scheduler = engine.lr_scheduler
-    own = scheduler.state_dict()
-    if set(state) <= set(own):
-        scheduler.load_state_dict(state)
-        return
-    if "last_batch_iteration" not in state or "last_epoch" not in own:
-        raise CheckpointError(f"{path}: its LR schedule's state ({', '.join(sorted(state))}) does not fit this run's "
-                              f"{type(scheduler).__name__}; pass load_lr_scheduler_states=False to start it afresh")
-    scheduler.last_epoch = int(state["last_batch_iteration"])
-    with warnings.catch_warnings():  # torch's "step() before optimizer.step()": here no step is skipped
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
-        scheduler.step()  # last_epoch + 1 steps taken, and the groups' lr set from this run's curve
-    if engine.comm.rank == 0:
-        log.warning("%s: its LR schedule is DeepSpeed's, this run's is %s: the latter continues at step %d",
-                    path, type(scheduler).__name__, scheduler.last_epoch)
 
 
 def _groups(engine) -> list[dict] | None:

@@ -1,0 +1,87 @@
+"""Folders DeepSpeed wrote, loaded into this engine: its `global_stepN/` checkpoints
+(checkpoint/deepspeed.py) and its universal checkpoints (checkpoint/universal.py), on this run's
+own ZeRO stage and data-parallel size, through the same relayout as zerotrain's own
+checkpoints (checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from ..checkpoint.deepspeed import DeepSpeedState
+from ..checkpoint.reshard import relayout
+from ..errors import CheckpointError
+from .checkpointing import (_applying, _groups, _layout_names, _load_module, _param_names, _sharded_names,
+                            _write_whole_weights)
+
+log = logging.getLogger("zerotrain")
+
+
+def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
+                   load_module_only: bool, reader=DeepSpeedState):
+    """A DeepSpeed tag folder (checkpoint/deepspeed.py) or universal folder (checkpoint/universal.py,
+    `reader` UniversalState) into this engine, on its own stage and data-parallel size: weights,
+    fp32 masters, optimizer state, counters, LR schedule, loss scale."""
+    if engine.checkpoint_prefix:
+        raise CheckpointError(f"{path}: DeepSpeed checkpoints load into data-parallel runs; this run has pipeline "
+                              "or tensor parallelism")
+    shard = engine.strategy.comm
+    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    saved = reader(path, names)
+    layout = engine.strategy.layout(_param_names(engine.module))
+    states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
+    with _applying(path, states_file):
+        saved.check_model(layout)
+        sharded = _sharded_names(engine)
+        _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
+                     _layout_names(engine, layout))
+    with _applying(path, "*optim_states.pt"):
+        rank_state = relayout(saved, layout, shard.rank, _groups(engine), masters=engine.strategy.stepper is not None)
+        _write_whole_weights(engine, rank_state.pop("whole"))
+        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
+                and rank_state["optimizer"] is not None:
+            engine.optimizer.load_state_dict(rank_state["optimizer"])
+        engine.strategy.load_state_dict(rank_state["strategy"])
+    client_state = saved.client_state()
+    if load_module_only:
+        return str(path), client_state
+    with _applying(path, states_file):
+        for name, value in saved.counters().items():
+            setattr(engine, name, value)
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+        if load_lr_scheduler_states and engine.lr_scheduler is not None and saved.lr_scheduler() is not None:
+            _load_schedule(engine, saved.lr_scheduler(), path)
+        scaler = saved.loss_scaler()
+        if load_optimizer_states and engine.loss_scaler is not None and scaler is not None:
+            engine.loss_scaler.load_state_dict(scaler)
+        for feature in engine.features:  # zerotrain's own, kept in its universal conversions
+            state = saved.feature_states().get(feature.name)
+            if state is not None:
+                feature.load_state_dict(state)
+    if engine.comm.rank == 0:
+        log.warning("%s: %s loaded at stage %d by %d rank(s): weights, fp32 masters, optimizer state, step counters, "
+                    "LR schedule and loss scale carried over; not carried over: the RNG states and the data position "
+                    "(DeepSpeed saves neither per rank)", path, saved.describe(), engine.strategy.stage,
+                    shard.world_size)
+    return str(path), client_state
+
+
+def _load_schedule(engine, state: dict, path) -> None:
+    """DeepSpeed's schedules keep one counter, last_batch_iteration (-1 before the first step);
+    a torch scheduler (the trainer's HF schedules) keeps last_epoch (0 before it): the same
+    position under another name, so this run's own schedule continues where DeepSpeed's was."""
+    scheduler = engine.lr_scheduler
+    own = scheduler.state_dict()
+    if set(state) <= set(own):
+        scheduler.load_state_dict(state)
+        return
+    if "last_batch_iteration" not in state or "last_epoch" not in own:
+        raise CheckpointError(f"{path}: its LR schedule's state ({', '.join(sorted(state))}) does not fit this run's "
+                              f"{type(scheduler).__name__}; pass load_lr_scheduler_states=False to start it afresh")
+    scheduler.last_epoch = int(state["last_batch_iteration"])
+    with warnings.catch_warnings():  # torch's "step() before optimizer.step()": here no step is skipped
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()  # last_epoch + 1 steps taken, and the groups' lr set from this run's curve
+    if engine.comm.rank == 0:
+        log.warning("%s: its LR schedule is DeepSpeed's, this run's is %s: the latter continues at step %d",
+                    path, type(scheduler).__name__, scheduler.last_epoch)
