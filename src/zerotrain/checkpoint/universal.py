@@ -65,7 +65,11 @@ def universal_folder(load_dir, tag, load_universal: bool) -> Path | None:
         return load_dir
     if tag is None:
         pointer = load_dir / (LATEST_UNIVERSAL if load_universal else "latest")
-        if pointer.is_file():
+        if pointer.is_file() and not load_universal:  # zerotrain's and DeepSpeed's own: checked where they are read
+            tag = pointer.read_text(errors="replace").strip()
+            if not tag or "/" in tag or tag in (".", ".."):
+                return None
+        elif pointer.is_file():
             tag = _read_pointer(pointer)
         elif load_universal:
             raise CheckpointError(f"checkpoint.load_universal is set and {pointer} does not exist: pass the folder "
