@@ -268,6 +268,19 @@ def main() -> None:
     print(f"same layout: worst {worst:.1e}")
 
 
+def universal_table(data: dict) -> str:
+    """universal.md: the command, the versions and one row per resume."""
+    lines = ["`python benchmarks/deepspeed_checkpoints.py --universal`: DeepSpeed "
+             f"{data['deepspeed']} (torch {data['torch']}, CPU, gloo) trains zerotrain's GPT {data['model']} for "
+             f"{data['k']} steps on 2 ranks and saves; each resume trains the next {data['n']} steps, compared with "
+             "DeepSpeed's own resume of that `global_step` folder (max relative difference of the mean loss over "
+             "ranks).", "",
+             "| DeepSpeed run | precision | resume | next losses vs DeepSpeed's resume |", "|---|---|---|---|"]
+    lines += [f"| ZeRO {r['deepspeed_stage']}, 2 ranks | {r['precision']} | {r['run']} | {r['relative']:.1e} |"
+              for r in data["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def universal_matrix(python: Path, args) -> None:
     """Both directions of the universal format for 2 ranks x ZeRO 1-3 x the precisions."""
     rows, k, n = [], args.before, args.after
@@ -317,13 +330,9 @@ def universal_matrix(python: Path, args) -> None:
                       f"{rel:.1e} of DeepSpeed's resume", flush=True)
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "universal.json").write_text(json.dumps({"deepspeed": exp["deepspeed"], "torch": exp["torch"], "k": k,
-                                                    "n": n, "model": exp["model"], "rows": rows}, indent=1))
-    lines = ["| DeepSpeed run | precision | resume | next losses: max relative difference from DeepSpeed's "
-             "resume of global_step |", "|---|---|---|---|"]
-    lines += [f"| ZeRO {r['deepspeed_stage']}, 2 ranks | {r['precision']} | {r['run']} | {r['relative']:.1e} |"
-              for r in rows]
-    (out / "universal.md").write_text("\n".join(lines) + "\n")
+    data = {"deepspeed": exp["deepspeed"], "torch": exp["torch"], "k": k, "n": n, "model": exp["model"], "rows": rows}
+    (out / "universal.json").write_text(json.dumps(data, indent=1))
+    (out / "universal.md").write_text(universal_table(data))
     print(f"worst: {max(r['relative'] for r in rows):.1e}; written to {out}")
 
 
