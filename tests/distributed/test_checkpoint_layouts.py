@@ -1,16 +1,20 @@
-"""A checkpoint resumes on another ZeRO stage and data-parallel size (checkpoint/reshard.py):
-the resumed run's next losses are those of the run that never stopped, on its own layout."""
+"""A checkpoint resumes on another ZeRO stage and data-parallel size (checkpoint/reshard.py),
+another tensor-parallel size or pipeline (checkpoint/resplit.py), and another optimizer
+offload: the resumed run's next losses are those of the run that never stopped, on its own
+layout, with gradient clipping on."""
 
 from __future__ import annotations
 
 import pytest
 
+import pipe_scenarios as ps
+import tp_scenarios as ts
 from scenarios import base_config, train
 from asserts import assert_params_close
 
 
 def cfg(stage: int, **extra) -> dict:
-    return base_config(4, 1, zero_optimization={"stage": stage}, **extra)  # global batch 4
+    return base_config(4, 1, **{"zero_optimization": {"stage": stage}, **extra})  # global batch 4
 
 
 def mean_losses(ranks: list[dict]) -> list[float]:
@@ -76,3 +80,43 @@ def test_a_missing_rank_file_is_named(world2, tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(Exception, match=r"optim_rank1.pt is missing \(2 ranks wrote this checkpoint"):
         train(cfg(3), 2, 4, load=(str(tmp_path), None))
+
+
+def test_data2_tensor2_resumes_on_data4_at_stage3(world4, tmp_path):
+    """Tensor pieces (fused q/k/v, the vocabulary split, row- and column-split layers) joined
+    into stage-3 shards of 4 data ranks: weights, masters and Adam moments alike."""
+    full = world4.run(ts.train, ts.config(8, 2, 1, tensor=2), 5, save=(str(tmp_path), 3))
+    resumed = world4.run(ts.train, ts.config(8, 2, 3), 5, load=str(tmp_path))
+    assert relative(mean_losses(resumed), mean_losses(full)[3:]) <= 1e-5
+    assert_params_close(resumed[0]["params"], full[0]["params"], rtol=1e-5)
+
+
+def test_two_pipeline_stages_resume_in_one_process(world2, tmp_path):
+    """Stage files hold layers by their index; one process holds them all (the tied embedding
+    once). Curriculum and progressive layer drop counters carry over too."""
+    full = world2.run(ps.pipeline_run, ps.config(4, 1, 1), 5, num_stages=2, save=(str(tmp_path), 3))
+    resumed = ps.pipeline_run(ps.config(4, 1, 0), 5, num_stages=1, load=str(tmp_path))
+    assert relative(resumed["losses"], full[0]["losses"][3:]) <= 1e-5
+    assert resumed["seqlens"] == full[0]["seqlens"][3:]
+
+
+def offload(stage: int, device: str, nvme_path: str) -> dict:
+    zero = {"stage": stage}
+    if device != "none":
+        zero["offload_optimizer"] = {"device": device, "nvme_path": nvme_path}
+    return cfg(stage, zero_optimization=zero, gradient_clipping=1.0)
+
+
+def test_nvme_offload_resumes_without_it_and_back(world2, tmp_path):
+    """The swap-file copies of an NVMe run (2 ranks) resume without offload on the same layout
+    and in one process at stage 3; that run's checkpoint resumes into NVMe files again."""
+    swap, ckpt, again = tmp_path / "swap", str(tmp_path / "nvme"), str(tmp_path / "none")
+    swap.mkdir()
+    full = world2.run(train, offload(2, "nvme", str(swap)), 6, 4, save=(ckpt, 3))
+    same = world2.run(train, offload(2, "none", str(swap)), 6, 4, load=(ckpt, None))
+    one = train(offload(3, "none", str(swap)), 6, 4, save=(again, 4), load=(ckpt, None))
+    back = train(offload(1, "nvme", str(swap)), 6, 4, load=(again, None))
+    want = mean_losses(full)
+    assert relative(mean_losses(same), want[3:]) <= 1e-5
+    assert relative(one["losses"], want[3:]) <= 1e-5
+    assert relative(back["losses"], want[4:]) <= 1e-5

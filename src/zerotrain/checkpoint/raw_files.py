@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..zero.offload.nvme_swap import FileStore
+from ..zero.offload.nvme_swap import FileStore, Ranged
 
 RAW_KEY = "__zerotrain_raw__"
 _DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
@@ -78,4 +78,16 @@ def internalize(obj: Any, folder: Path) -> Any:
         return {k: internalize(v, folder) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(internalize(v, folder) for v in obj)
+    return obj
+
+
+def in_memory(obj: Any) -> Any:
+    """`obj` with each value read by ranges (a RawTensor, a resharded piece) read whole into
+    memory: for torch's optimizer, which keeps its state there."""
+    if isinstance(obj, Ranged) and not torch.is_tensor(obj):
+        return obj.load()
+    if isinstance(obj, dict):
+        return {k: in_memory(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(in_memory(v) for v in obj)
     return obj

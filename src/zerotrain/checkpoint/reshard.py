@@ -23,6 +23,11 @@ What the new run needs, and where each comes from in the old checkpoint, best fi
 
 Parameters are matched by name, so a stage-3 checkpoint's extra group of frozen parameters and
 a stage 0-2 checkpoint's frozen weights in the module state both find their place.
+
+A new piece is a `NewPiece`, made as it is read: an offloaded optimizer (CPU or NVMe) and
+stage 3's shard stores copy it a block at a time, so loading holds no rank's piece whole
+(torch's optimizer, which keeps its state in memory anyway, takes it whole). An NVMe run's
+swap-file copies (RawTensors) are read by ranges like any piece, so offload may change too.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from ..errors import CheckpointError
 from ..zero.layout import GroupLayout
 from .consolidate import group_layouts
+from .raw_files import RawTensor, in_memory
 from .store import load_file
 
 
@@ -89,6 +95,7 @@ class SavedState:
         self.files = [load_file(path, f"{prefix}optim_rank{r}.pt", mmap=True) for r in self.ranks]
         self.layouts = group_layouts(path, old)
         self.module = states["module"]
+        self.frozen = set(states.get("frozen") or ())
         self.aliases = old.get("aliases") or {}
         # name -> (group, index in group, [(rank position, span)])
         self.where: dict[str, tuple[int, int, list]] = {}
@@ -168,7 +175,36 @@ class SavedState:
         return optimizer["state"].get(gi, optimizer["state"].get(str(gi)))
 
     def per_element(self, gi: int, key: str, value) -> bool:
-        return torch.is_tensor(value) and value.dim() > 0 and value.numel() == _piece_numel(self.layouts[gi], 0)
+        """A state with one value per element of the piece (a tensor, or a swap file's copy)."""
+        array = isinstance(value, RawTensor) or (torch.is_tensor(value) and value.dim() > 0)
+        return array and value.numel() == _piece_numel(self.layouts[gi], 0)
+
+
+class NewPiece:
+    """This rank's piece of one param group in the new layout, made as it is read: `piece[lo:hi]`
+    fills that range span by span from the old files, so what copies it a block at a time
+    (the offloaded optimizer's masters and state, stage 3's shards: zero/offload/nvme_swap.py
+    copy_into) never holds the piece whole; `load()` makes it whole (torch's optimizer state)."""
+
+    def __init__(self, layout: GroupLayout, rank: int, names: list[str], fill):
+        self.spans, self.names, self.fill = layout.spans(rank), names, fill
+        self._numel = _piece_numel(layout, rank)
+
+    def numel(self) -> int:
+        return self._numel
+
+    def __getitem__(self, index: slice) -> torch.Tensor:
+        lo, hi, _ = index.indices(self._numel)
+        out = torch.zeros(max(0, hi - lo), dtype=torch.float32)  # padding stays zero
+        for s in self.spans:
+            a, b = max(lo, s.piece_lo), min(hi, s.piece_lo + s.numel)
+            if a < b:
+                start = s.param_lo + a - s.piece_lo
+                out[a - lo : b - lo] = self.fill(self.names[s.index], start, start + b - a)
+        return out
+
+    def load(self) -> torch.Tensor:
+        return self[0 : self._numel]
 
 
 def _names(layout: dict) -> list[list[str]]:
@@ -203,12 +239,8 @@ def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] |
     new_names = _names(new)
     trained = len(param_groups) if param_groups is not None else len(new_names)
 
-    def piece(gi: int, fill) -> torch.Tensor:
-        gl = new_layouts[gi]
-        out = torch.zeros(_piece_numel(gl, rank), dtype=torch.float32)
-        for s in gl.spans(rank):
-            out[s.piece_lo : s.piece_lo + s.numel] = fill(new_names[gi][s.index], s.param_lo, s.param_lo + s.numel)
-        return out
+    def piece(gi: int, fill) -> NewPiece:
+        return NewPiece(new_layouts[gi], rank, new_names[gi], fill)
 
     def model_piece(gi):
         return piece(gi, lambda n, lo, hi: saved.model_values(n, lo, hi, torch.float32))
@@ -235,6 +267,8 @@ def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] |
             groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
                       for cur, was in zip(param_groups, groups)]
         optimizer = {"state": state, "param_groups": groups}
+        if param_groups is None or all("params" in g for g in param_groups):  # torch's: its state in memory
+            optimizer = in_memory(optimizer)
 
     def whole(name: str, numel: int) -> torch.Tensor | None:
         return saved.model_values(name, 0, numel, torch.float32) if saved.knows(name) else None

@@ -17,6 +17,10 @@ set each, named with the engine's `checkpoint_prefix` (`pipe_01-model_states.pt`
 "rank" then means the rank in the data-parallel group of the strategy, and the RNG files keep
 the global rank.
 
+A checkpoint of another ZeRO stage or data-parallel size is cut again for this layout
+(checkpoint/reshard.py), one of another tensor size or pipeline by parameter name
+(checkpoint_split.py); another optimizer offload (NVMe, CPU, none) loads either way.
+
 Everything is plain tensors and Python containers, so loading uses weights_only=True (a
 tensor-parallel DTensor is saved as the piece its rank holds, and model_states.pt's
 "tensor_split" says which dimension it is cut on: parallel/tensor/dtensor.py).
@@ -32,9 +36,10 @@ import random
 import numpy as np
 import torch
 
-from ..parallel.tensor.dtensor import load_rank_state_dict, rank_state_dict, split_record
+from ..parallel.tensor.dtensor import load_rank_state_dict, local, rank_state_dict, split_record
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
+from ..checkpoint.raw_files import in_memory
 from ..checkpoint.reshard import reshard_rank_state
 from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
@@ -248,14 +253,13 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     if path is None:
         log.warning("no checkpoint to load in %s (no 'latest' file); starting from scratch", load_dir)
         return None, None
+    from .checkpoint_split import load_resplit, split_changed  # it builds on this module's helpers
+
+    if split_changed(engine, path):  # another tensor size or pipeline: read by parameter name
+        return load_resplit(engine, path, strict, load_optimizer_states, load_lr_scheduler_states, load_module_only)
     comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     stage = engine.strategy.stage
     states_file = f"{prefix}model_states.pt"
-    if not (path / states_file).is_file():
-        written = sorted(f.name for f in path.iterdir() if f.name.endswith("model_states.pt"))
-        raise CheckpointError(f"{path} has no {states_file} (it holds {', '.join(written) or 'no model states'}): "
-                              "it was written with another pipeline or model-parallel split; load it with that "
-                              "split, or write full weights with `zerotrain consolidate`")
     model_states = load_file(path, states_file)
     layout = engine.strategy.layout(_param_names(engine.module))
     with _applying(path, states_file):
@@ -271,9 +275,6 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     name = _optim_file(shard.rank if engine.strategy.shards_optimizer else 0, prefix)
     if changed:  # every old rank's file, cut again for this layout
         with _applying(path, states_file):
-            if not engine.strategy.can_reshard:
-                raise CheckpointError(f"{path} was written by {saved_world} ranks at ZeRO stage {saved_stage}; with "
-                                      f"NVMe optimizer offload it loads only into {saved_world} ranks at that stage")
             if engine.config.checkpoint.use_node_local_storage:
                 raise CheckpointError(f"{path} was written by {saved_world} ranks with node-local storage (each "
                                       f"node holds its own ranks' files); it loads only into {saved_world} ranks")
@@ -285,6 +286,10 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
             log.warning("%s", _relayout_notice(path, saved_stage, saved_world, stage, shard.world_size))
     else:
         rank_state = load_file(path, name)
+        if engine.strategy.stepper is None:  # torch's optimizer: an NVMe run's swap-file copies read into memory
+            rank_state = in_memory(rank_state)
+        if rank_state.get("optimizer") is not None and engine.optimizer is not None:  # offload may differ
+            rank_state["optimizer"] = _own_groups(engine, rank_state["optimizer"])
     with _applying(path, name):
         if not load_module_only and load_optimizer_states and engine.optimizer is not None \
                 and rank_state["optimizer"] is not None:
@@ -294,25 +299,32 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     with _applying(path, states_file):
         if load_module_only:
             return str(path), model_states["client_state"]
-        for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
-            setattr(engine, name, int(model_states[name]))
-        if changed:  # the same global batch, accumulated differently
-            engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
-        if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
-            engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
-        if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
-            engine.loss_scaler.load_state_dict(model_states["loss_scaler"])
-        for feature in engine.features:
-            state = model_states["features"].get(feature.name)
-            if state is not None:
-                feature.load_state_dict(state)
-        client_state = model_states["client_state"]
+        client_state = _restore_run_state(engine, model_states, changed, load_optimizer_states,
+                                          load_lr_scheduler_states)
     rng_file = path / f"rng_rank{comm.rank}.pt"
     if rng_file.exists():
         rng = load_file(path, rng_file.name)
         with _applying(path, rng_file.name):
             _set_rng_state(rng)
     return str(path), client_state
+
+
+def _restore_run_state(engine, model_states: dict, changed: bool, load_optimizer_states: bool,
+                       load_lr_scheduler_states: bool):
+    """Counters, LR schedule, loss scaler and feature states from model_states; the client state."""
+    for name in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+        setattr(engine, name, int(model_states[name]))
+    if changed:  # the same global batch, accumulated differently
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and model_states["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    if load_optimizer_states and engine.loss_scaler is not None and model_states["loss_scaler"] is not None:
+        engine.loss_scaler.load_state_dict(model_states["loss_scaler"])
+    for feature in engine.features:
+        state = model_states["features"].get(feature.name)
+        if state is not None:
+            feature.load_state_dict(state)
+    return model_states["client_state"]
 
 
 def _groups(engine) -> list[dict] | None:
@@ -330,6 +342,15 @@ def _groups(engine) -> list[dict] | None:
     return out
 
 
+def _own_groups(engine, saved: dict) -> dict:
+    """The saved optimizer state with this optimizer's own "params" entries (torch's name their
+    parameters by index, the blockwise stepper of separate masters none), so that a run with
+    another optimizer offload resumes it: the hyperparameters are the checkpoint's."""
+    groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
+              for cur, was in zip(_groups(engine), saved["param_groups"])]
+    return dict(saved, param_groups=groups)
+
+
 def _layout_names(engine, layout: dict) -> set[str]:
     """Every state-dict name (tied aliases too) of the parameters a layout holds."""
     names = {n for g in layout["groups"] for n in g["names"]}
@@ -345,9 +366,10 @@ def _write_whole_weights(engine, whole) -> None:
     if engine.strategy.sharded_param_ids():
         return
     for name, p in engine.module.named_parameters():
-        values = whole(name, p.numel())
+        mine = local(p)  # a tensor-parallel weight: this rank's piece
+        values = whole(name, mine.numel())
         if values is not None:  # None: a frozen weight the checkpoint left out keeps its own
-            p.copy_(values.view(p.shape))
+            mine.copy_(values.view(mine.shape))
 
 
 def _relayout_notice(path, saved_stage, saved_world, stage, world) -> str:

@@ -233,11 +233,6 @@ class ZeroStrategy(ABC):
         """Parameters that exist only as per-rank shards (saved with the strategy state)."""
         return set()
 
-    @property
-    def can_reshard(self) -> bool:
-        """Whether a checkpoint of another world size can be loaded (not with NVMe optimizer state)."""
-        return self.offload.kind != "nvme"
-
     def layout(self, names: dict[int, str]) -> dict:
         """Where each parameter sits in the saved pieces (zero/layout.py), so `zerotrain
         consolidate` and resharding can put whole weights back together from any stage."""

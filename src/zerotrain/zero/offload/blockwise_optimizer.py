@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .nvme_swap import FileBacked, FileStore, copy_into
+from .nvme_swap import FileStore, Ranged, copy_into
 from .step_behind import StepBehind, settled
 
 # torch optimizers whose update of an element reads only that element (and scalars)
@@ -332,7 +332,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             self.steps[gi] = int(entry["step"])
             n = self.groups[gi].numel
             keys = [k for k in entry if k not in ("step", "blocks") and (
-                k in self.state_keys or isinstance(entry[k], FileBacked)
+                k in self.state_keys or isinstance(entry[k], Ranged)
                 or (torch.is_tensor(entry[k]) and entry[k].numel() == n))]
             self.state_keys = self.state_keys or keys
             for key in keys:

@@ -134,17 +134,35 @@ def _close_and_remove(fd: int, path: Path) -> None:
         pass
 
 
+@runtime_checkable
+class Ranged(Protocol):
+    """A flat array read by element ranges, `value[lo:hi]`: a checkpoint's RawTensor, or a
+    rank's piece made for another layout (checkpoint/reshard.py) as it is read."""
+
+    def numel(self) -> int: ...
+
+    def load(self) -> torch.Tensor: ...
+
+
+COPY_BLOCK = 1 << 22  # elements per range when a Ranged value is copied (16 MB of fp32)
+
+
 def copy_into(store, value) -> None:
-    """Fill a FileStore or a tensor from a tensor or a checkpoint's RawTensor (anything with
-    `path` and `load()`: checkpoint/raw_files.py), file to file when both are files."""
-    raw = isinstance(value, FileBacked)
-    if isinstance(store, FileStore):
-        if raw:
-            store.copy_from(value.path)
-        else:
-            store.write_from(0, value.detach().to("cpu", store.dtype))
+    """Fill a FileStore or a tensor from a tensor, or from a Ranged value a block at a time (a
+    RawTensor into a FileStore: file to file)."""
+    if isinstance(store, FileStore) and isinstance(value, FileBacked):
+        store.copy_from(value.path)
+    elif isinstance(value, Ranged) and not torch.is_tensor(value):
+        for lo in range(0, value.numel(), COPY_BLOCK):
+            part = value[lo : lo + COPY_BLOCK]
+            if isinstance(store, FileStore):
+                store.write_from(lo, part.to(store.dtype))
+            else:
+                store[lo : lo + part.numel()].copy_(part)
+    elif isinstance(store, FileStore):
+        store.write_from(0, value.detach().to("cpu", store.dtype))
     else:
-        store.copy_(value.load() if raw else value)
+        store.copy_(value)
 
 
 def _copy_range(src: int, dst: int, nbytes: int) -> None:
