@@ -31,9 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 
-import numpy as np
 import torch
 
 from ..parallel.tensor.dtensor import load_rank_state_dict, local, rank_state_dict, split_record
@@ -45,28 +43,9 @@ from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
 from .export import check_save_dir, frozen_names
+from .rng_state import rng_state, set_rng_state
 
 log = logging.getLogger("zerotrain")
-
-
-def _rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached": float(cached)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _optim_file(rank: int, prefix: str = "") -> str:
@@ -188,7 +167,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
                 "strategy": engine.strategy.state_dict(),
             })
-        writer.save(f"rng_rank{comm.rank}.pt", _rng_state())
+        writer.save(f"rng_rank{comm.rank}.pt", rng_state())
         if extra_files is not None:  # e.g. the trainer's model folder files: inside the manifest
             extra_files(writer.staging)
     return True
@@ -305,7 +284,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
     if rng_file.exists():
         rng = load_file(path, rng_file.name)
         with _applying(path, rng_file.name):
-            _set_rng_state(rng)
+            set_rng_state(rng)
     return str(path), client_state
 
 
