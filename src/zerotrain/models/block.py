@@ -58,6 +58,9 @@ class PreLNBlock(nn.Module):
         self.act = activation(act)
         # the attention between the projections: sequence parallelism wraps it (parallel/sequence/)
         self.core_attention = core_attention
+        # >1: the feed-forward runs over this many tiles of the sequence, recomputed in backward
+        # (TiledMLP, parallel/sequence/tiled.py), so its inner activations exist a tile at a time
+        self.mlp_tiles = 1
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -67,7 +70,19 @@ class PreLNBlock(nn.Module):
         pa = self.attn_dropout if self.training else 0.0
         y = self.core_attention(q, k, v, mask, pa, self.causal)
         x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)), p, self.training)
-        return x + F.dropout(self.fc_out(self.act(self.fc(self.ln_2(x)))), p, self.training)
+        if self.mlp_tiles > 1:  # the dropout outside: a recomputed tile would draw another mask
+            from ..parallel.sequence.tiled import TiledMLP
+
+            return x + F.dropout(TiledMLP.apply(PreLNBlock.mlp, self, x, self.mlp_tiles, self.mlp_params()), p,
+                                 self.training)
+        return x + F.dropout(self.mlp(x), p, self.training)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward branch after the attention (before its residual dropout)."""
+        return self.fc_out(self.act(self.fc(self.ln_2(x))))
+
+    def mlp_params(self) -> list:
+        return [*self.ln_2.parameters(), *self.fc.parameters(), *self.fc_out.parameters()]
 
 
 # how TensorParallel splits a PreLNBlock (module name within the block -> parallel/tensor/dtensor.py style)

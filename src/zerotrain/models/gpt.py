@@ -1,7 +1,10 @@
 """A GPT-2-style decoder (pre-LayerNorm, tied embeddings), small enough for CPU runs.
 
 `GPT(cfg)(input_ids, labels=None, position_ids=None)` returns the mean next-token loss when labels are given
-(labels are the inputs themselves; the shift happens inside), else the logits. The blocks
+(labels are the inputs themselves; the shift happens inside), else the logits; with
+`shift_labels=` (already shifted: a sequence-parallel piece) the mean over its real labels.
+For long sequences GPTConfig tiles the feed-forward (`mlp_tiles`) and the loss
+(`loss_tiles`), and checkpoints the blocks (`checkpoint_blocks`). The blocks
 are switchable: in training, `progressive_layer_drop=True, pld_theta=t` (what the engine
 passes with PLD on) skips blocks as zerotrain.layerdrop describes.
 """
@@ -14,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from ..features.layer_drop import LayerDrop
+from ..helpers.activation_checkpointing import checkpoint
 from .block import PreLNBlock
 from .linear import Linear
 
@@ -28,6 +33,15 @@ class GPTConfig:
     n_head: int = 4
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has
+    # long sequences (parallel/sequence/tiled.py): >1 runs each block's feed-forward over this
+    # many tiles of the sequence, recomputed in backward (TiledMLP)
+    mlp_tiles: int = 1
+    # >1: the loss from labels (or shift_labels) is computed over this many tiles of the
+    # positions, so the logits are never whole (TiledFusedLogitsLoss); the output has no logits
+    loss_tiles: int = 1
+    # each block through zerotrain.checkpointing.checkpoint in training: recomputed in backward,
+    # its input kept in host memory with activation_checkpointing.cpu_checkpointing
+    checkpoint_blocks: bool = False
 
     @classmethod
     def preset(cls, name: str) -> GPTConfig:
@@ -52,6 +66,14 @@ class GPT(nn.Module):
         self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         self.apply(self._init)
+        for name in ("mlp_tiles", "loss_tiles"):
+            value = getattr(cfg, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"GPTConfig.{name} {value!r}: should be a positive integer (1: no tiling)")
+        for block in self.blocks:
+            block.mlp_tiles = cfg.mlp_tiles
+        # the sequence-parallel engine hands its targets to a model that scores them itself
+        self.scores_shift_labels = cfg.loss_tiles > 1
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -62,18 +84,24 @@ class GPT(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 progressive_layer_drop: bool = False, pld_theta: float | None = None,
-                position_ids: torch.Tensor | None = None):
+                position_ids: torch.Tensor | None = None, shift_labels: torch.Tensor | None = None):
         t = input_ids.shape[1]
         # a sequence-parallel shard passes its global positions
         pos = torch.arange(t, device=input_ids.device) if position_ids is None else position_ids
         x = self.wte(input_ids) + self.wpe(pos)
         with self.blocks.dropping(pld_theta if progressive_layer_drop and self.training else None):
             for block in self.blocks:
-                x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if labels is None:
-            return logits
+                x = checkpoint(block, x) if self.cfg.checkpoint_blocks and self.training else block(x)
+        hidden = self.ln_f(x)
+        if labels is None and shift_labels is None:
+            return self.lm_head(hidden)
         # position t predicts token t+1: shift the labels, not the logits (a shifted slice of
-        # the logits is copied, forward and backward, at the activation peak)
-        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        # the logits is copied, forward and backward, at the activation peak); shift_labels:
+        # already shifted (a sequence-parallel piece, whose last target is the next piece's)
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100) if shift_labels is None else shift_labels
+        if self.cfg.loss_tiles > 1:
+            from ..parallel.sequence.tiled import tiled_loss_sum
+
+            total, count = tiled_loss_sum(hidden, self.lm_head, targets, self.cfg.loss_tiles)
+            return total / count.clamp(min=1)
+        return F.cross_entropy(self.lm_head(hidden).flatten(0, 1).float(), targets.flatten())

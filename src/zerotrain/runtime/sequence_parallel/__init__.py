@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.sequence_parallel` under zerotrain's name: ulysses_sp (ALST's names)."""
