@@ -15,11 +15,12 @@ import torch
 SEQ, VOCAB = 15, 64
 
 
-def gpt(heads: int = 4):
+def gpt(heads: int = 4, mlp_tiles: int = 1, loss_tiles: int = 1):
     from zerotrain.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=8 * heads, n_layer=2, n_head=heads, bias=False))
+    return GPT(GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=8 * heads, n_layer=2, n_head=heads, bias=False,
+                         mlp_tiles=mlp_tiles, loss_tiles=loss_tiles))
 
 
 def config(global_size: int, micro: int, stage: int = 0, sequence: int = 1, curriculum: bool = False) -> dict:
@@ -60,17 +61,19 @@ def llama(kv_heads: int, core: str, kind: str = "llama", heads: int = 4, **extra
 
 
 def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: int = 0,
-          save: tuple | None = None, load: str | None = None) -> dict:
+          save: tuple | None = None, load: str | None = None, tiles: tuple = (1, 1)) -> dict:
     """Train to `steps` optimizer steps on this world (one process: the reference). `hf`:
     (key/value heads, core attention[, kind, config extras]) of an HF decoder (`llama`)
     in place of the GPT; `alst`: S through
     DeepSpeed's names (register_with_transformers, the mpu, UlyssesSPDataLoaderAdapter);
-    save = (dir, after_step); load: a checkpoint to continue from."""
+    save = (dir, after_step); load: a checkpoint to continue from; tiles: (MLP, loss) tiles."""
     import zerotrain
     from zerotrain.features.engine_methods import tokens_consumed
     from zerotrain.parallel.sequence import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
 
-    model = gpt(heads) if hf is None else llama(*hf[:3], **(hf[3] if len(hf) > 3 else {}))
+    from zerotrain.parallel.sequence.tiled import tile_model
+
+    model = gpt(heads, *tiles) if hf is None else tile_model(llama(*hf[:3], **(hf[3] if len(hf) > 3 else {})), *tiles)
     mpu = UlyssesSPAttentionHF.register_with_transformers(model, hf[1], alst, 1, None, True) if alst else None
     engine, *_ = zerotrain.initialize(model=model, config=cfg, mpu=mpu)
     if load is not None:

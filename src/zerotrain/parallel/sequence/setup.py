@@ -59,26 +59,35 @@ class SequenceParallelEngine(TrainingEngine):
             kwargs = dict(kwargs)
             targets = kwargs.pop("shift_labels")
             kwargs.pop("labels", None)
-            return self._scored(self.module(*args, **kwargs), targets)
+            return self._scored(targets, *args, **kwargs)
         ids, labels, rest = _inputs(args, kwargs)
         rank, size, length = seq.rank, seq.world_size, ids.shape[1]
         positions = B.positions(length, rank, size, ids.device).unsqueeze(0)
-        out = self.module(input_ids=B.shard(ids, rank, size, 0), position_ids=positions, **rest)
-        if labels is None:
-            logits = out.logits if hasattr(out, "logits") else out
-            whole = _gather_sequence(logits, seq)[:, :length]
-            if hasattr(out, "logits"):
-                out["logits"] = whole
-                return out
-            return whole
-        return self._scored(out, B.shard(B.shift_labels(labels), rank, size, B.IGNORE))
-
-    def _scored(self, out, targets: torch.Tensor):
-        """The model's output with the group's mean loss over the real labels (`targets`: this
-        rank's piece of the shifted labels)."""
-        seq, size = self.sequence_comm, self.sequence_comm.world_size
+        piece = dict(input_ids=B.shard(ids, rank, size, 0), position_ids=positions, **rest)
+        if labels is not None:
+            return self._scored(B.shard(B.shift_labels(labels), rank, size, B.IGNORE), **piece)
+        out = self.module(**piece)
         logits = out.logits if hasattr(out, "logits") else out
-        local, count = B.local_loss_sum(logits, targets)
+        whole = _gather_sequence(logits, seq)[:, :length]
+        if hasattr(out, "logits"):
+            out["logits"] = whole
+            return out
+        return whole
+
+    def _scored(self, targets: torch.Tensor, *args, **kwargs):
+        """The model's output on this rank's piece with the group's mean loss over the real
+        labels (`targets`: the piece of the shifted labels). A model that scores shift_labels
+        itself (`scores_shift_labels`: its loss over tiles, logits never whole) returns its
+        mean over the piece's real labels, which times their count is the piece's sum."""
+        seq, size = self.sequence_comm, self.sequence_comm.world_size
+        if getattr(self.module, "scores_shift_labels", False):
+            out = self.module(*args, shift_labels=targets, **kwargs)
+            mean = out.loss if hasattr(out, "loss") else out
+            count = (targets != B.IGNORE).sum()
+            local = mean * count.to(mean.dtype)
+        else:
+            out = self.module(*args, **kwargs)
+            local, count = B.local_loss_sum(out.logits if hasattr(out, "logits") else out, targets)
         stats = torch.stack((local.detach().double(), count.double()))
         seq.all_reduce(stats)
         loss = B.group_mean(local, stats[0].to(local.dtype), stats[1], size)
