@@ -73,7 +73,8 @@ def train(cfg: dict, steps: int, heads: int = 4, hf: tuple | None = None, alst: 
 
     from zerotrain.parallel.sequence.tiled import tile_model
 
-    model = gpt(heads, *tiles) if hf is None else tile_model(llama(*hf[:3], **(hf[3] if len(hf) > 3 else {})), *tiles)
+    model = gpt(heads, *tiles) if hf is None else tile_model(llama(*hf[:3], **(hf[3] if len(hf) > 3 else {})),
+                                                             *tiles)
     mpu = UlyssesSPAttentionHF.register_with_transformers(model, hf[1], alst, 1, None, True) if alst else None
     engine, *_ = zerotrain.initialize(model=model, config=cfg, mpu=mpu)
     if load is not None:

@@ -48,7 +48,8 @@ class ActivationCheckpointingConfig(Block):
     """Settings for zerotrain.checkpointing.checkpoint (helpers/activation_checkpointing.py)."""
 
     partition_activations: bool = no_effect(False, _NOT_SPLIT)
-    cpu_checkpointing: bool = no_effect(False, _NOT_SPLIT)
+    cpu_checkpointing: bool = acts(False, "Keep each checkpointed block's inputs in pinned host memory until its "
+                                          "backward (inputs already in host memory stay: no change on a CPU).")
     contiguous_memory_optimization: bool = no_effect(False, "torch.utils.checkpoint keeps no buffers of its own")
     number_checkpoints: Int | None = no_effect(None, "torch.utils.checkpoint keeps no buffers of its own")
     synchronize_checkpoint_boundary: bool = acts(False, "Synchronize the accelerator around each checkpointed "

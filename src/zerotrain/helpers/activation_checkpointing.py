@@ -6,11 +6,15 @@ inputs, and backward runs the block again to get what it needs.
 
 torch.utils.checkpoint (non-reentrant) does the work, so inputs that need no gradient, keyword
 state in the block and nested checkpoints behave as in torch. Of the config's
-`activation_checkpointing` block two settings act: `synchronize_checkpoint_boundary`
+`activation_checkpointing` block three settings act: `cpu_checkpointing` (configure's
+`checkpoint_in_cpu`) keeps each checkpointed block's tensor inputs in pinned host memory
+between forward and backward (ALST's activation-checkpoint offload: the device then holds no
+block input of the whole sequence until its backward); inputs already in host memory (a
+CPU-only run) stay where they are, so there it changes nothing. `synchronize_checkpoint_boundary`
 synchronizes the accelerator around each checkpointed forward, and `profile` logs each
-one's time. `partition_activations`, `cpu_checkpointing`, `contiguous_memory_optimization`
-and `number_checkpoints` are accepted with no effect: there are no model-parallel ranks to
-split the saved inputs over, and they stay where the block computes.
+one's time. `partition_activations`, `contiguous_memory_optimization` and
+`number_checkpoints` are accepted with no effect: there are no model-parallel ranks to split
+the saved inputs over, and torch.utils.checkpoint keeps no buffers of its own.
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ def checkpoint(function, *args):
     if sync:
         get_accelerator().synchronize()
     start = time.perf_counter() if settings.profile else 0.0
+    if settings.cpu_checkpointing:
+        function, args = _offloaded(function, args)
     out = torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
     if sync or settings.profile:
         get_accelerator().synchronize()
@@ -100,3 +106,33 @@ def checkpoint(function, *args):
 
 
 non_reentrant_checkpoint = checkpoint
+
+_COPY_ON_HOST = False  # tests: copy host tensors too, so the offload's autograd path runs on CPU
+
+
+class _ToHost(torch.autograd.Function):
+    """A copy in (pinned, when an accelerator is there) host memory; the gradient goes back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.device = x.device
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type != "cpu")
+        return host.copy_(x, non_blocking=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.device, non_blocking=True)
+
+
+def _offloaded(function, args: tuple):
+    """(a function that brings its tensor inputs back to their device, the inputs in host
+    memory): what the checkpoint keeps for backward is then the host copy, and the device
+    copy is freed once nothing else holds it."""
+    devices = [a.device if torch.is_tensor(a) else None for a in args]
+    moved = tuple(_ToHost.apply(a) if d is not None and (d.type != "cpu" or _COPY_ON_HOST) else a
+                  for a, d in zip(args, devices))
+
+    def on_device(*inputs):
+        return function(*(x.to(d, non_blocking=True) if d is not None else x for x, d in zip(inputs, devices)))
+
+    return on_device, moved

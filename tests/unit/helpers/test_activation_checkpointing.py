@@ -61,8 +61,33 @@ def test_the_block_is_classed_key_by_key():
     from zerotrain.config import load_config
     from zerotrain.config.report import notice
 
-    cfg = load_config({"train_batch_size": 1, "activation_checkpointing": {"cpu_checkpointing": True,
+    cfg = load_config({"train_batch_size": 1, "activation_checkpointing": {"partition_activations": True,
+                                                                          "cpu_checkpointing": True,
                                                                           "synchronize_checkpoint_boundary": True}})
-    assert notice(cfg).endswith("activation_checkpointing.cpu_checkpointing")
+    assert notice(cfg).endswith("activation_checkpointing.partition_activations")
     with pytest.raises(zerotrain.ConfigError, match="profil"):
         load_config({"train_batch_size": 1, "activation_checkpointing": {"profiles": True}})
+
+
+def test_cpu_checkpointing_keeps_a_host_copy_and_the_same_gradients(monkeypatch):
+    """On a CPU the inputs are in host memory already and stay (no copy); forced to copy, the
+    path an accelerator takes runs here: the checkpoint keeps the copy, gradients unchanged."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 4, requires_grad=True)
+    h = x * 2  # not a leaf: its gradient reaches x only through the offload's backward
+    block(h).pow(2).sum().backward()
+    reference = [p.grad.clone() for p in block.parameters()] + [x.grad.clone()]
+    block.zero_grad(); x.grad = None
+    checkpointing.configure(None, checkpoint_in_cpu=True)
+    seen = []
+    block.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    h = x * 2
+    checkpointing.checkpoint(block, h)
+    assert seen[-1] is h  # nothing to move on a CPU
+    monkeypatch.setattr(impl, "_COPY_ON_HOST", True)
+    out = checkpointing.checkpoint(block, h)
+    assert seen[-1] is not h and seen[-1].data_ptr() != h.data_ptr() and torch.equal(seen[-1], h)
+    out.pow(2).sum().backward()
+    for got, want in zip([p.grad for p in block.parameters()] + [x.grad], reference):
+        assert torch.allclose(got, want, rtol=1e-6, atol=0)
