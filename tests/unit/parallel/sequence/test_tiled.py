@@ -116,7 +116,11 @@ def test_tiled_fused_logits_loss_never_makes_the_whole_logits():
     mean = TiledFusedLogitsLoss.apply(loss, head, x, y, mask, 3, [head.weight], "mean")
     tiles = [loss(head, a, b, c) for a, b, c in zip(x.flatten(0, 1).chunk(3), y.flatten().chunk(3),
                                                     mask.flatten().chunk(3))]
-    _close(mean.detach(), torch.stack(tiles).mean().detach())
+    whole_mean = torch.stack(tiles).mean()
+    _close(mean.detach(), whole_mean.detach())
+    got, want = torch.autograd.grad(mean, [x, head.weight]), torch.autograd.grad(whole_mean, [x, head.weight])
+    for g, w in zip(got, want):
+        _close(g, w)
 
 
 def test_gpt_switches_tile_its_feed_forward_and_loss():
@@ -131,13 +135,24 @@ def test_gpt_switches_tile_its_feed_forward_and_loss():
     want_loss = plain(ids, labels=labels)
     want_loss.backward()
     counts = _counting([tiled.wte.weight])  # the tied head: one gradient, embedding's and head's summed
+    widths = []
+    tiled.blocks[0].fc.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
     loss = tiled(ids, labels=labels)
     loss.backward()
-    assert counts == [1]
+    assert counts == [1] and widths == [10, 10, 9] * 2  # 29 positions in 3 tiles, again in backward
     _close(loss.detach(), want_loss.detach())
     for (name, p), q in zip(plain.named_parameters(), tiled.parameters()):
         _close(q.grad, p.grad)
     assert tiled(ids).shape == (2, 29, 64)  # without labels: the logits, untiled
+    # checkpoint_blocks: each block run again in backward, the same gradients
+    checkpointed = GPT(GPTConfig(**{**cfg.__dict__, "checkpoint_blocks": True}))
+    checkpointed.load_state_dict(plain.state_dict())
+    runs = []
+    checkpointed.blocks[0].register_forward_pre_hook(lambda *a: runs.append(1))
+    checkpointed(ids, labels=labels).backward()
+    assert len(runs) == 2
+    for p, q in zip(plain.parameters(), checkpointed.parameters()):
+        _close(q.grad, p.grad)
 
 
 def test_hf_decoder_tiled_in_place():
