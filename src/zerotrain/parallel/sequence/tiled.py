@@ -78,8 +78,8 @@ def _out_grad(grad: torch.Tensor, plan: _Plan, tile: int, start: int, length: in
 
 def _apply(plan: _Plan, tiled: list, params: list) -> torch.Tensor:
     """Run the tiles. Each parameter is touched first (a cheap `detach`): a ZeRO-3 parameter
-    that is partitioned here is gathered by that use, so autograd records its whole shape for
-    the gradient this call returns; it then stays whole until that gradient arrives."""
+    that is partitioned here is gathered by that use (stage 3 then counts it with the module
+    running), so autograd records its whole shape for the gradient this call returns."""
     for p in params:
         p.detach()
     return _Tiled.apply(plan, len(tiled), *tiled, *params)
