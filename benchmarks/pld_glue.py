@@ -505,6 +505,62 @@ def plots(plan: Plan, study: Study, runs: dict) -> None:
     pyplot.close(fig)
 
 
+def profile_step(plan: Plan, out: Path, repeats: int = 6) -> dict:
+    """Where a pretraining step's time goes, to read PLD's samples/s against the share of block
+    passes it skips: the forward+backward of the study's BERT with all its layers and with half
+    of them (a line through the two gives one block's cost and what is not a block: embeddings,
+    the MLM head over the vocabulary, the loss), and the optimizer step (gradient clipping,
+    Adam over every parameter, the schedule), which PLD does not shorten. CPU time of one
+    thread, the median of `repeats` steps after one warm-up step."""
+    import statistics
+
+    torch.manual_seed(0)
+    stream = torch.randint(0, 256, (1 << 20,))
+    inputs, labels = mlm_batch(stream, plan, 0)
+    n_layer = plan.bert["n_layer"]
+    fb = {}
+    for layers in (n_layer, n_layer // 2):
+        engine, _, _ = build_pretrain(replace(plan, bert=dict(plan.bert, n_layer=layers)), 0, None)
+        times, steps = [], []
+        for i in range(repeats + 1):
+            c = time.process_time()
+            engine.backward(engine(inputs, labels=labels))
+            mid = time.process_time()
+            engine.step()
+            if i:
+                times.append(mid - c)
+                steps.append(time.process_time() - mid)
+        fb[layers] = statistics.median(times)
+        if layers == n_layer:
+            opt = statistics.median(steps)
+    # PLD itself with theta already settled at 0.5 (a gamma this large gets there in one step):
+    # its measured forward+backward against what the skipped blocks predict
+    from zerotrain.features.layer_drop import keep_probabilities
+
+    engine, _, _ = build_pretrain(plan, 0, {"theta": 0.5, "gamma": 100.0})
+    pld_times = []
+    for i in range(2 * repeats + 1):
+        c = time.process_time()
+        engine.backward(engine(inputs, labels=labels))
+        if i:
+            pld_times.append(time.process_time() - c)
+        engine.step()
+    pld_kept = sum(keep_probabilities(n_layer, 0.5)) / n_layer
+    block = (fb[n_layer] - fb[n_layer // 2]) / (n_layer - n_layer // 2)
+    rest = fb[n_layer] - n_layer * block
+    total = fb[n_layer] + opt
+    res = {"n_layer": n_layer, "forward_backward_s": fb[n_layer], "per_block_s": block, "not_blocks_s": rest,
+           "optimizer_step_s": opt, "step_s": total, "blocks_share": n_layer * block / total}
+    res.update({"pld_theta": 0.5, "pld_kept": pld_kept, "pld_forward_backward_s": statistics.mean(pld_times),
+                "pld_forward_backward_expected_s": fb[n_layer] - (1 - pld_kept) * n_layer * block})
+    for kept in (0.724, 0.5):
+        res[f"expected_speedup_at_{kept}"] = total / (total - (1 - kept) * n_layer * block)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "pld_glue"))
@@ -514,6 +570,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run only jobs whose name matches this regular expression")
     parser.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
     parser.add_argument("--quick", action="store_true", help="tiny model, a few steps (the test)")
+    parser.add_argument("--profile", action="store_true", help="where a pretraining step's time goes")
     args = parser.parse_args()
     torch.set_num_threads(1)
     plan = QUICK if args.quick else Plan()
@@ -521,6 +578,9 @@ def main() -> None:
         plan.weights = Path(args.out) / "weights"
     study = Study(Path(args.out))
     page = PAGE if Path(args.out).resolve() == (ROOT / "docs" / "results" / "pld_glue").resolve() else None
+    if args.profile:
+        profile_step(plan, study.root, repeats=1 if args.quick else 6)
+        return
     if args.diagnose:
         study.root.mkdir(parents=True, exist_ok=True)
         diagnose(study)
