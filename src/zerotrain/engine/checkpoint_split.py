@@ -13,13 +13,12 @@ import logging
 from pathlib import Path
 
 from ..checkpoint.consolidate import model_file_sets
-from ..checkpoint.reshard import relayout
 from ..checkpoint.resplit import SavedSplit
 from ..checkpoint.store import load_file
 from ..errors import CheckpointError
 from ..parallel.tensor.dtensor import local, rank_state_dict, split_record
-from .checkpointing import (_applying, _groups, _layout_names, _load_module, _param_names, _restore_run_state,
-                            _write_whole_weights)
+from .checkpointing import (_applying, _layout_names, _load_module, _load_relayout, _param_names,
+                            _restore_run_state)
 
 log = logging.getLogger("zerotrain")
 
@@ -66,7 +65,6 @@ def _check_same_model(engine, path: Path, saved: SavedSplit, layout: dict) -> No
 
 def load_resplit(engine, path: Path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
                  load_module_only: bool):
-    shard = engine.strategy.comm
     if engine.config.checkpoint.use_node_local_storage:
         raise CheckpointError(f"{path} was written with another pipeline or tensor split; with node-local storage "
                               "each node holds only its own ranks' files: copy them to shared storage to resume")
@@ -80,12 +78,7 @@ def load_resplit(engine, path: Path, strict: bool, load_optimizer_states: bool, 
         mine = {k: v for k, v in rank_state_dict(engine.module).items() if k not in held and saved.knows(k)}
         _load_module(engine, {k: saved.module_value(k, local(v)) for k, v in mine.items()}, strict, held | excluded)
     with _applying(path, "*optim_rank*.pt"):
-        rank_state = relayout(saved, layout, shard.rank, _groups(engine), masters=engine.strategy.stepper is not None)
-        _write_whole_weights(engine, rank_state.pop("whole"))
-        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
-                and rank_state["optimizer"] is not None:
-            engine.optimizer.load_state_dict(rank_state["optimizer"])
-        engine.strategy.load_state_dict(rank_state["strategy"])
+        _load_relayout(engine, saved, layout, load_optimizer_states, load_module_only)
     if load_module_only:
         return str(path), model_states["client_state"]
     with _applying(path, "*model_states.pt"):

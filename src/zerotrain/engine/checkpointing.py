@@ -38,7 +38,7 @@ from ..parallel.tensor.dtensor import load_rank_state_dict, local, rank_state_di
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
 from ..checkpoint.raw_files import in_memory
-from ..checkpoint.reshard import reshard_rank_state
+from ..checkpoint.reshard import relayout, reshard_rank_state
 from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
@@ -286,6 +286,19 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         with _applying(path, rng_file.name):
             set_rng_state(rng)
     return str(path), client_state
+
+
+def _load_relayout(engine, saved, layout: dict, load_optimizer_states: bool, load_module_only: bool) -> None:
+    """This rank's piece of a checkpoint written on another layout (`saved`: any reader that
+    `relayout` takes), cut for this one: whole weights written, then the optimizer state and the
+    strategy's (stage-3 shards, fp32 masters)."""
+    rank_state = relayout(saved, layout, engine.strategy.comm.rank, _groups(engine),
+                          masters=engine.strategy.stepper is not None)
+    _write_whole_weights(engine, rank_state.pop("whole"))
+    if not load_module_only and load_optimizer_states and engine.optimizer is not None \
+            and rank_state["optimizer"] is not None:
+        engine.optimizer.load_state_dict(rank_state["optimizer"])
+    engine.strategy.load_state_dict(rank_state["strategy"])
 
 
 def _restore_run_state(engine, model_states: dict, changed: bool, load_optimizer_states: bool,

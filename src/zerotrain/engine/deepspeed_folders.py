@@ -9,10 +9,9 @@ import logging
 import warnings
 
 from ..checkpoint.deepspeed import DeepSpeedState
-from ..checkpoint.reshard import relayout
 from ..errors import CheckpointError
-from .checkpointing import (_applying, _groups, _layout_names, _load_module, _param_names, _sharded_names,
-                            _write_whole_weights)
+from .checkpointing import (_applying, _layout_names, _load_module, _load_relayout, _param_names,
+                            _sharded_names)
 
 log = logging.getLogger("zerotrain")
 
@@ -36,12 +35,7 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
         _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
                      _layout_names(engine, layout))
     with _applying(path, "*optim_states.pt"):
-        rank_state = relayout(saved, layout, shard.rank, _groups(engine), masters=engine.strategy.stepper is not None)
-        _write_whole_weights(engine, rank_state.pop("whole"))
-        if not load_module_only and load_optimizer_states and engine.optimizer is not None \
-                and rank_state["optimizer"] is not None:
-            engine.optimizer.load_state_dict(rank_state["optimizer"])
-        engine.strategy.load_state_dict(rank_state["strategy"])
+        _load_relayout(engine, saved, layout, load_optimizer_states, load_module_only)
     client_state = saved.client_state()
     if load_module_only:
         return str(path), client_state
