@@ -300,16 +300,21 @@ def fit(a, size: int, pieces: bool) -> dict:
     if len(ok) < 2:
         return {"longest": None, "error": next((p["why"] for p in points if not p["ok"]), "no two points"),
                 "points": points}
+    return {**line_through(ok, size, a.budget_gib * 1024), "init_mib": ok[-1]["init_mib"], "points": points}
+
+
+def line_through(ok: list[dict], size: int, budget: float) -> dict:
+    """The line fixed + slope x (T / S) through the first two measured peaks, and the longest T,
+    in whole multiples of 64 x S positions, at which it stays within the budget (None when the
+    peak does not grow with length, or the optimizer step alone is over the budget)."""
     (l0, m0), (l1, m1) = [(p["length"] / size, p["fb_peak_mib"]) for p in ok[:2]]
     slope = (m1 - m0) / (l1 - l0)  # MiB per position of the rank's share, through backward
     fixed = m0 - slope * l0
-    budget = a.budget_gib * 1024
     step_peak = max(p["peak_mib"] for p in ok)  # the optimizer step's (its states come with the first step)
     longest = None
     if slope > 0 and step_peak <= budget:
         longest = int((budget - fixed) / slope * size) // (64 * size) * (64 * size)
-    return {"longest": longest, "fixed_mib": fixed, "kib_per_position": slope * 1024, "step_peak_mib": step_peak,
-            "init_mib": ok[-1]["init_mib"], "points": points}
+    return {"longest": longest, "fixed_mib": fixed, "kib_per_position": slope * 1024, "step_peak_mib": step_peak}
 
 
 def main() -> int:

@@ -22,9 +22,25 @@ def test_long_context_quick_measures_the_line_and_reports(tmp_path):
     res = json.loads((out / "results.json").read_text())
     line = res["longest"]["S2_on"]
     assert [p["length"] for p in line["points"]] == [512, 4096] and all(p["ok"] for p in line["points"])
-    assert 0 < line["fixed_mib"] < line["points"][0]["fb_peak_mib"] <= line["step_peak_mib"] <= res["budget_gib"] * 1024
-    # the line's crossing of the budget, in whole multiples of 64 x S positions
-    crossing = (res["budget_gib"] * 1024 - line["fixed_mib"]) / (line["kib_per_position"] / 1024) * 2
-    assert line["longest"] % 128 == 0 and crossing - 128 < line["longest"] <= crossing
+    # a tiny model's peaks at two short lengths can differ by less than the allocator's noise, so
+    # the line's arithmetic is checked on fixed numbers below, not on these
+    assert all(p["fb_peak_mib"] <= line["step_peak_mib"] for p in line["points"])
+    assert line["step_peak_mib"] <= res["budget_gib"] * 1024
     assert "| 2 | on |" in (out / "results.md").read_text()
     assert (out / "longest.png").stat().st_size > 0
+
+
+def test_the_line_through_two_peaks_and_its_crossing():
+    sys.path.insert(0, str(BENCH))
+    from long_context import line_through
+
+    # 600 MiB fixed + 0.5 MiB per position of a rank's share, at S = 2: 2062.5 MiB is crossed at
+    # (2062.5 - 600) / 0.5 = 2925 positions a rank, 5850 in all, rounded down to 64 x 2 = 128
+    points = [{"length": 1024, "fb_peak_mib": 856.0, "peak_mib": 900.0},
+              {"length": 4096, "fb_peak_mib": 1624.0, "peak_mib": 1700.0}]
+    line = line_through(points, 2, 2062.5)
+    assert line["fixed_mib"] == 600.0 and line["kib_per_position"] == 512.0 and line["step_peak_mib"] == 1700.0
+    assert line["longest"] == 5760
+    flat = [dict(points[0]), dict(points[1], fb_peak_mib=855.0)]
+    assert line_through(flat, 2, 2048.0)["longest"] is None  # no growth: no crossing
+    assert line_through(points, 2, 1600.0)["longest"] is None  # the step alone is over the budget
