@@ -4,6 +4,7 @@ checkpoint of the last good state, which resumes."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -32,14 +33,24 @@ def test_consecutive_skips_stop_the_run_and_save_the_last_good_state(tmp_path):
         run({**values, "resume_from_checkpoint": "latest"})
 
 
-def test_resume_with_another_process_count_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("written, message", [
+    ({"data_parallel_size": 2}, "written by 2 data-parallel ranks and this run has 1; resume with 2 data-parallel ranks"),
+    ({"data_parallel_size": None, "world_size": 2}, "written by 2 processes and this run has 1; resume with 2 processes"),
+])
+def test_resume_with_another_data_parallel_size_is_refused(tmp_path, monkeypatch, written, message):
+    # the second row: a checkpoint from before the data-parallel size was recorded names its processes
     from zerotrain.errors import ConfigError
     from zerotrain.trainer.loop.trainer import Trainer
 
     state = Trainer._state
-    monkeypatch.setattr(Trainer, "_state", lambda self: dict(state(self), world_size=2))  # "written by 2"
+
+    def faked(self):
+        out = {**state(self), **written}
+        return {k: v for k, v in out.items() if v is not None}
+
+    monkeypatch.setattr(Trainer, "_state", faked)
     values = options(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
     run(values)
     monkeypatch.undo()
-    with pytest.raises(ConfigError, match=r"written by 2 processes and this run has 1; resume with --nproc_per_node 2"):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         run({**values, "resume_from_checkpoint": "latest", "max_steps": 4})
