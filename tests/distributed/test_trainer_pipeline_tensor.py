@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "trainer"))
-from trainer_helpers import Capture, options, run  # noqa: E402
+from trainer_helpers import options, train_logged  # noqa: E402
 
 LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -30,22 +30,13 @@ def _job(tmp: Path, out: str, **extra) -> dict:
                    report_to="none", **extra)
 
 
-def _train(values: dict) -> dict:
-    capture = Capture()
-    results, _ = run(values, [capture])
-    t = capture.trainer
-    logged = [r for r in t.history if "loss" in r]
-    return {"losses": [r["loss"] for r in logged], "norms": [r["grad_norm"] for r in logged],
-            "seqlens": [r.get("seqlen") for r in logged], "results": results, "trainer": t}
-
-
 def pipeline_and_tensor_jobs(tmp: str) -> dict:
     """On each rank: 4 steps (checkpoints at 2 and 4), then the same job resumed from step 2."""
     tmp = Path(tmp)
-    whole = _train(_job(tmp, "run", pipeline_parallel_size=2, tensor_parallel_size=2, save_strategy="steps",
+    whole = train_logged(_job(tmp, "run", pipeline_parallel_size=2, tensor_parallel_size=2, save_strategy="steps",
                         save_steps=2))
     t = whole.pop("trainer")
-    resumed = _train(_job(tmp, "resumed", pipeline_parallel_size=2, tensor_parallel_size=2, save_strategy="no",
+    resumed = train_logged(_job(tmp, "resumed", pipeline_parallel_size=2, tensor_parallel_size=2, save_strategy="no",
                           resume_from_checkpoint=str(tmp / "run" / "checkpoint-2")))
     resumed.pop("trainer")
     mesh = t.engine.mesh
@@ -59,7 +50,7 @@ def test_trainer_pipeline_and_tensor_parallel_match_one_process(world4, tmp_path
     ranks = world4.run(pipeline_and_tensor_jobs, str(tmp_path), timeout=400)
     assert [r["coords"] for r in ranks] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]  # tensor fastest
     (tmp_path / "one").mkdir()
-    one = _train(_job(tmp_path / "one", "run"))  # the same job in this process
+    one = train_logged(_job(tmp_path / "one", "run"))  # the same job in this process
     assert len(set(one["seqlens"])) > 1  # the curriculum changes the stages' shapes
     for r in ranks:
         assert r["seqlens"] == one["seqlens"] and r["results"]["tokens"] == one["results"]["tokens"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "trainer"))
-from trainer_helpers import Capture, options, run  # noqa: E402
+from trainer_helpers import options, train_logged  # noqa: E402
 
 GPT = {"zerotrain_model": "gpt", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64}
 LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 5, "max_difficulty": 31,
@@ -42,13 +42,9 @@ def _job(tmp: Path, out: str, curriculum: dict, **extra) -> dict:
 def _train(values: dict) -> dict:
     from zerotrain.trainer.report.banner import banner
 
-    capture = Capture()
-    results, _ = run(values, [capture])
-    t = capture.trainer
-    logged = [r for r in t.history if "loss" in r]
-    return {"losses": [r["loss"] for r in logged], "norms": [r["grad_norm"] for r in logged],
-            "seqlens": [r.get("seqlen") for r in logged], "results": results,
-            "banner": banner(t.engine, t.model, t.task, t.total_steps, 1)}
+    logged = train_logged(values)
+    t = logged.pop("trainer")  # a trainer does not pickle back from a rank
+    return {**logged, "banner": banner(t.engine, t.model, t.task, t.total_steps, 1)}
 
 
 def sequence_job(tmp: str) -> dict:

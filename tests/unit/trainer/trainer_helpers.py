@@ -60,3 +60,13 @@ class Capture(TrainerCallback):
 
     def on_train_end(self, trainer):
         self.trainer = trainer
+
+
+def train_logged(values: dict) -> dict:
+    """Train in this process; the logged steps' losses, gradient norms and sequence lengths, the
+    run's results and the trainer itself (for its engine and model)."""
+    capture = Capture()
+    results, _ = run(values, [capture])
+    logged = [r for r in capture.trainer.history if "loss" in r]
+    return {"losses": [r["loss"] for r in logged], "norms": [r["grad_norm"] for r in logged],
+            "seqlens": [r.get("seqlen") for r in logged], "results": results, "trainer": capture.trainer}
