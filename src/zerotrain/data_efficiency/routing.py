@@ -39,7 +39,9 @@ WHERE = "data_efficiency.data_routing.random_ltd"
 
 class TokenRouter:
     """What every routed layer of one engine reads: the schedule, the seed, and where the
-    current forward sits (step, micro-batch of the step, data-parallel rank and size)."""
+    current forward sits (step, micro-batch of the step, data-parallel rank and size). Under
+    the pipeline engine the micro-batch is the one the stage runs (`micro_source`, the
+    PipelineModule, whose schedule interleaves the micro-batches' forwards)."""
 
     def __init__(self, scheduler, seed: int, batch_first: bool = True):
         self.scheduler = scheduler
@@ -49,13 +51,15 @@ class TokenRouter:
         self.micro_in_step = 0
         self.rank, self.world = 0, 1
         self.dealing = "interleaved"  # random_ltd.sample_indices
+        self.micro_source = None  # an object whose micro_batch names the micro-batch running now
 
     def kept(self, layer_id: int, batch: int, seq_len: int, device) -> torch.Tensor | None:
         """[batch, r] sorted positions to keep, or None when r >= seq_len (nothing dropped)."""
         keep = self.scheduler.get_current_seq()
         if keep >= seq_len:
             return None
-        samples = sample_indices(0, batch, self.rank, self.world, self.dealing, self.micro_in_step, device)
+        micro = self.micro_in_step if self.micro_source is None else self.micro_source.micro_batch
+        samples = sample_indices(0, batch, self.rank, self.world, self.dealing, micro, device)
         return kept_token_indices(self.seed, self.step, layer_id, samples, seq_len, keep)
 
 
@@ -236,19 +240,21 @@ def check_ids(model: nn.Module, candidates: list, ids: list[int], what: str) -> 
 def route(model: nn.Module, candidates: list[tuple[str, nn.Module]], ids: list[int], router: TokenRouter,
           mask_name: str | None, what: str) -> list[str]:
     """Attach the hooks to candidates[i] for each i in ids (again from scratch if some layers
-    were routed before); returns the routed layers' names."""
+    were routed before); returns the routed layers' names. A candidate whose module is None
+    lives on another pipeline stage: it counts, and that stage routes it."""
     check_ids(model, candidates, ids, what)
     for i in ids:
         name, module = candidates[i]
-        if mask_name is not None and mask_name not in _params(module) and \
+        if module is not None and mask_name is not None and mask_name not in _params(module) and \
                 not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(module.forward).parameters.values()):
             raise ModelInterfaceError(f"{WHERE}.model_mask_name: {type(module).__name__}.forward ({name}) has no "
                                       f"argument {mask_name!r}; name its mask argument, or null if it takes none")
     for _, module in routed(model):
         module._random_ltd.detach(module)
     for i in ids:
-        RoutedLayer(router, i, mask_name).attach(candidates[i][1])
-    return [candidates[i][0] for i in ids]
+        if candidates[i][1] is not None:
+            RoutedLayer(router, i, mask_name).attach(candidates[i][1])
+    return [candidates[i][0] for i in ids if candidates[i][1] is not None]
 
 
 # ---- DeepSpeed's helper names -------------------------------------------------------------------

@@ -12,7 +12,10 @@ counters kept and saved (data_efficiency/random_ltd.py has the maths, routing.py
     checkpoint   the scheduler's state (DeepSpeed's `random_ltd` entry: consumed_layer_tokens,
                  current value and step) and layer_tokens
 
-Evaluation forwards (module.eval()) see every token. Layers keep their tokens by a key of the
+Through the pipeline engine every stage routes the layers it holds, counting ids over the
+whole pipeline (PipelineModule.layers_of_class), and keys the kept tokens by the micro-batch
+its torch schedule is running (module.micro_batch), so 2 stages keep what 1 process keeps
+with no message between them. Evaluation forwards (module.eval()) see every token. Layers keep their tokens by a key of the
 batch-reading rank (engine.batch_comm), not the global one: tensor ranks that share a batch keep the same.
 """
 
@@ -41,7 +44,8 @@ class RandomLTDFeature(EngineFeature):
                                              "micro_batch_size": micro_batch_size})
         self.router = TokenRouter(self.scheduler, seed, block.hidden_state_order == "batch_seq_dim")
         self.ids = sorted(block.random_ltd_layer_id)
-        self.layers: list[str] = []
+        self.layers: list[str] = []  # this rank's routed layers
+        self.pipeline = False  # routed through the pipeline engine (_route_pipeline)
         self.layer_tokens = 0  # all ranks, all steps so far
         self._pending = 0  # this rank, since the last step
 
@@ -55,9 +59,6 @@ class RandomLTDFeature(EngineFeature):
         from ..parallel.pipeline.module import PipelineModule
         from ..parallel.sequence.setup import SequenceParallelEngine
 
-        if isinstance(engine.module, PipelineModule):
-            raise ConfigError(f"{WHERE}.enabled: random-LTD does not run through the pipeline engine; train "
-                              "without pipeline stages or set it false")
         if isinstance(engine, SequenceParallelEngine):
             raise ConfigError(f"{WHERE}.enabled: random-LTD drops tokens of whole sequences and does not run with "
                               "sequence parallelism; set it false or train without sequence_parallel_size")
@@ -65,7 +66,9 @@ class RandomLTDFeature(EngineFeature):
         self.router.rank, self.router.world = data.rank, data.world_size
         module = engine.module
         cls = module.__dict__.get("_random_ltd_class")
-        if cls is not None:
+        if isinstance(module, PipelineModule):
+            self._route_pipeline(module, cls)
+        elif cls is not None:
             self.convert(module, cls)
         elif blocks := zerotrain_blocks(module):
             self._check_known(blocks)
@@ -77,6 +80,26 @@ class RandomLTDFeature(EngineFeature):
             where = ", ".join(self.layers) if self.layers else "no layer yet: call convert_to_random_ltd(engine, " \
                                                                 "LayerClass)"
             log.info("%s on %s", self.describe(), where)
+
+    def _route_pipeline(self, module, cls) -> None:
+        """Every stage lists the layers of the whole pipeline (ids count from its first layer)
+        and routes those it holds; a stage draws the kept tokens of its layers by itself, from
+        the same key as one process would, with the micro-batch its schedule runs."""
+        from ..models.block import PreLNBlock
+
+        candidates = module.layers_of_class(cls or PreLNBlock)
+        if cls is None and not candidates:
+            raise ModelInterfaceError(
+                f"{WHERE}: the PipelineModule has no zerotrain blocks (PreLNBlock) to route; call "
+                "zerotrain.data_efficiency.convert_to_random_ltd(pipeline_module, LayerClass) before initialize with "
+                "the class of its transformer layers")
+        held = [(n, m) for n, m in candidates if m is not None]
+        if cls is None and held:
+            self._check_known(held)
+        self.pipeline = True
+        self.router.micro_source = module
+        self._route(module, candidates, f"{(cls or PreLNBlock).__name__} layers",
+                    mask_name=self.block.model_mask_name if cls is not None else "mask")
 
     def convert(self, module, layer_class) -> None:
         self._route(module, layers_of_class(module, layer_class), f"{layer_class.__name__} layers",
@@ -106,7 +129,7 @@ class RandomLTDFeature(EngineFeature):
 
     # ---- the step -------------------------------------------------------------------------------
     def before_forward(self, engine, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if not self.layers:
+        if not self.layers and not self.pipeline:  # a pipeline stage may hold no routed layer
             self.layers = [n for n, _ in routed(engine.module)]
             if not self.layers:
                 raise ModelInterfaceError(

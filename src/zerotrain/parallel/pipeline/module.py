@@ -50,6 +50,15 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _module_tree(layer) -> list[tuple[str, type]]:
+    """(path, class) of a layer's modules, itself first (""); a LayerSpec by the class it builds."""
+    if isinstance(layer, nn.Module):
+        return [(path, type(m)) for path, m in layer.named_modules()]
+    if isinstance(layer, LayerSpec) and not isinstance(layer, TiedLayerSpec):
+        return [("", layer.typename)]
+    return []
+
+
 def stage_indices(placement: str, pipe_rank: int, pipe_size: int, virtual: int) -> list[int]:
     """The stages (of pipe_size x virtual) that rank `pipe_rank` runs: one, looped (r, r+P,
     ...) or in a V (r and 2P-1-r)."""
@@ -69,8 +78,10 @@ class _Stage(nn.Module):
         self.index, self.start, self.stop = index, start, stop
         self.layers = nn.ModuleList(modules)
 
+    micro_batch = 0  # set by the torch stage that runs it (schedules.py) before each forward
+
     def forward(self, *inputs):
-        return self.owner.run_layers(self.start, self.stop, inputs)
+        return self.owner.run_layers(self.start, self.stop, inputs, self.micro_batch)
 
 
 class PipelineModule(nn.Module):
@@ -123,6 +134,8 @@ class PipelineModule(nn.Module):
         self._kwargs_of = [declared_kwargs(layer, STEP_KWARGS) for layer in specs]
         self.cuts_batch = not any("curriculum_seqlen" in k for k in self._kwargs_of)
         self.takes_pld = bool(self.droppable) or any("pld_theta" in k for k in self._kwargs_of)
+        self._layer_modules = [_module_tree(layer) for layer in specs]  # before _build forgets other stages'
+        self.micro_batch = 0  # the micro-batch of the step the layers run now (run_layers)
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs: dict[str, list[str]] = {}
         self._funcs: dict[int, object] = {}
@@ -169,6 +182,19 @@ class PipelineModule(nn.Module):
         # specs given as modules live on every rank: keep only this rank's
         self._layer_specs = [s if isinstance(s, LayerSpec) or not isinstance(s, nn.Module) else None
                              for s in self._layer_specs]
+
+    def layers_of_class(self, layer_class) -> list[tuple[str, nn.Module | None]]:
+        """The modules of `layer_class` in the whole pipeline, in layer order, by their names
+        here ("<layer>.<path>"): this rank's modules, None for those another stage holds. A
+        LayerSpec counts by the class it builds; what it builds inside is not known here."""
+        found = []
+        for idx, tree in enumerate(self._layer_modules):
+            held = self._modules.get(str(idx))
+            for path, kind in tree:
+                if isinstance(kind, type) and issubclass(kind, layer_class):
+                    name = f"{idx}.{path}" if path else str(idx)
+                    found.append((name, held.get_submodule(path) if held is not None else None))
+        return found
 
     def stages(self) -> list[_Stage]:
         """This rank's stages, in order, as the submodules of torch's PipelineStages."""
@@ -251,9 +277,13 @@ class PipelineModule(nn.Module):
             return all(type(f).__name__ in self.checkpointable_layers for f in fns)
         return any(isinstance(f, nn.Module) and any(True for _ in f.parameters()) for f in fns)
 
-    def run_layers(self, start: int, stop: int, inputs: tuple):
+    def run_layers(self, start: int, stop: int, inputs: tuple, micro_batch: int = 0):
+        """Layers start..stop-1 on one micro-batch; `micro_batch` (its place in the step) is
+        `self.micro_batch` while they run, recomputed runs included, for layers that key
+        anything by it (random-LTD's kept tokens)."""
         def run(lo: int, hi: int):
             def chain(*xs):
+                self.micro_batch = micro_batch
                 x = xs[0] if len(xs) == 1 else xs
                 for idx in range(lo, hi):
                     x = self._call(idx, x)

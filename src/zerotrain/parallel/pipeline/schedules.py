@@ -57,10 +57,11 @@ class _TimedStage(pp.PipelineStage):
     busy_s = 0.0
     before_last_backward = None
 
-    def forward_one_chunk(self, *args, **kwargs):
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        self.submod.micro_batch = fwd_chunk_id  # which micro-batch of the step the layers run (module.py)
         start = time.perf_counter()
         try:
-            return super().forward_one_chunk(*args, **kwargs)
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
         finally:
             self.busy_s += time.perf_counter() - start
 
