@@ -107,3 +107,12 @@ def curriculum_sampling_on(cfg) -> bool:
     de = cfg.data_efficiency
     return bool(de is not None and de.enabled and de.data_sampling.enabled
                 and de.data_sampling.curriculum_learning.enabled)
+
+
+BUILT_IN = {"seqlen_truncate": seqlen_truncate, "seqlen_reshape": seqlen_reshape}
+
+
+def built_in_post_process(metrics) -> Callable | None:
+    """The built-in post-process function a metric names, as Megatron-DeepSpeed's training
+    script picks it: seqlen_truncate, else seqlen_reshape, else None."""
+    return next((BUILT_IN[name] for name in BUILT_IN if name in metrics), None)

@@ -135,7 +135,6 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
         sample_padding_fn=None, batch_seqlens_fn=None):
     """DeepSpeed's call: the engine's config, batch sizes and data-parallel rank; the lengths
     from dataset_seqlens, else measured_seqlens. The loader and schedule become the engine's."""
-    from ..features.dynamic_batching import DynamicBatchingFeature
     from ..parallel.pipeline.engine import PipelineEngine
 
     block = engine.config.data_efficiency.data_sampling.dynamic_batching
@@ -143,14 +142,26 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
         raise ConfigError(f"{WHERE}.enabled is false: enable dynamic batching in the config to batch by tokens")
     comm = getattr(engine, "mesh", None)
     comm = comm.comm("data") if comm is not None else engine.strategy.comm  # the ranks that read different data
-    loader, scheduler, kwargs = build_variable_batch_training(
-        dataset, engine.config, comm.rank, comm.world_size, dataloader_collate_fn,
-        engine.lr_scheduler or engine.optimizer, isinstance(engine, PipelineEngine), dataset_seqlens,
-        dataset_filter_ids, sample_padding_fn, batch_seqlens_fn)
+    loader, _, kwargs = build_variable_batch_training(
+        dataset, engine.config, comm.rank, comm.world_size, dataloader_collate_fn, None,
+        isinstance(engine, PipelineEngine), dataset_seqlens, dataset_filter_ids, sample_padding_fn, batch_seqlens_fn)
+    return loader, attach_variable_batch(engine, loader), kwargs
+
+
+def attach_variable_batch(engine, loader) -> VariableBatchSizeLR:
+    """Make a token-batch loader the engine's: the engine's schedule (or its optimizer's constant
+    LR) scaled by each step's samples, the loader's position in checkpoints."""
+    from ..features.dynamic_batching import DynamicBatchingFeature
+
+    block = engine.config.data_efficiency.data_sampling.dynamic_batching
+    sampler = loader.batch_sampler
+    scheduler = lr_scheduler_for_variable_batch_size(sampler.effective_batch_size, sampler.batch_size, loader,
+                                                     engine.lr_scheduler or engine.optimizer, block.lr_scaling_method,
+                                                     block.verbose)
     engine.training_dataloader, engine.lr_scheduler = loader, scheduler
     engine.features = [f for f in engine.features if not isinstance(f, DynamicBatchingFeature)]
-    engine.features.insert(0, DynamicBatchingFeature(loader.batch_sampler))
-    return loader, scheduler, kwargs
+    engine.features.insert(0, DynamicBatchingFeature(sampler))
+    return scheduler
 
 
 __all__ = ["VariableBatchSizeLR", "batch_by_seqlens", "scale_lr", "lr_scheduler_for_variable_batch_size",

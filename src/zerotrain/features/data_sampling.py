@@ -19,6 +19,13 @@ class DataSamplingFeature(EngineFeature):
         self.loader = loader
         self.sampler = loader.data_sampler
 
+    def describe(self) -> str:
+        metrics = ", ".join(f"{n} ({m.difficulty_type} {m.scheduler.state['min_difficulty']} -> "
+                            f"{m.scheduler.state['max_difficulty']}, {m.clustering_type})"
+                            for n, m in self.sampler.metrics.items())
+        fn = self.loader.post_process_func
+        return f"curriculum by {metrics}" + (f", batches through {fn.__name__}" if fn is not None else "")
+
     def on_train_start(self, engine) -> None:
         if engine.comm.rank == 0:
             kinds = ", ".join(f"{n} ({m.difficulty_type}, {m.clustering_type}, {m.scheduler.state['schedule_type']})"

@@ -18,6 +18,9 @@ class DynamicBatchingFeature(EngineFeature):
     def __init__(self, sampler):
         self.sampler = sampler
 
+    def describe(self) -> str:
+        return f"dynamic batching (at most {self.sampler.max_tokens} tokens a pack, order {self.sampler.order})"
+
     def on_train_start(self, engine) -> None:
         if engine.comm.rank == 0:
             s = self.sampler

@@ -47,6 +47,7 @@ from ...initialize import initialize
 from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
+from ..data.efficiency import drawn_batches
 from ..data.sampler import TrainSampler, sample_lengths
 from ..ds_config import model_hidden_size, sample_length
 from ..model.build import ModelInfo
@@ -120,7 +121,10 @@ class Trainer(SavesAndResumes):
                                                    plan.built.config.get("pipeline"), sizes.tensor, sizes.data)
         self.steps_per_epoch = self.micro_per_epoch // args.gradient_accumulation_steps
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
+            self.drawn.total_steps(args.num_train_epochs) if self.drawn is not None else \
             max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
+        if self.drawn is not None:
+            self.drawn.check_total(self.total_steps)
         block = (data.block_size if data is not None else None) or (lambda: sample_length(train_dataset))
         self._make_engine(trained, block)
         self._open_run_folder()  # every rank has checked the options, the data and the config by now
@@ -170,6 +174,11 @@ class Trainer(SavesAndResumes):
         args = self.args
         mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # as the config adopted them
         self.micro_per_epoch, self.loader = 1, None
+        self.drawn = drawn_batches(self.plan, dataset, args, self.data_rank, self.data_world, self.collator)
+        if self.drawn is not None:  # data_efficiency's sampler or token batches (data/efficiency.py)
+            self.sampler = self.loader = self.drawn
+            self.micro_per_epoch = self.drawn.micro_per_epoch(0)
+            return
         if dataset is None:  # evaluate only (do_train false)
             return
         lengths = sample_lengths(dataset) if args.group_by_length else None
@@ -196,15 +205,20 @@ class Trainer(SavesAndResumes):
         if not uses_ds_scheduler and not plateau:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        extra = self.drawn.engine_config(ds, self.output_dir) if self.drawn is not None else {}
         try:
             with told_elsewhere():  # the banner says what runs
-                self.engine, _, _, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
-                                                  model_parameters=decay_groups(trained, args.weight_decay))
+                self.engine, _, loader, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
+                                                       model_parameters=decay_groups(trained, args.weight_decay),
+                                                       **extra)
         except ValueError as e:  # HF-style scheduler argument errors
             if isinstance(e, (ConfigError, DataError)):
                 raise
             raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
-        self.engine.sample_dealing = "blocked"  # trainer/data/sampler.py: each global micro-batch in rank blocks
+        # trainer/data/sampler.py and the curriculum's sampler: each global micro-batch in rank blocks
+        self.engine.sample_dealing = "blocked"
+        if self.drawn is not None:
+            self.drawn.attach(self.engine, loader)
         self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
@@ -276,6 +290,8 @@ class Trainer(SavesAndResumes):
         window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since the last log
         while engine.global_steps < self.total_steps and not engine.should_stop():
             self.sampler.set_epoch(self.epoch, skip=self.micro_in_epoch * args.per_device_train_batch_size)
+            if self.drawn is not None:  # token batches: the packing's count, which a reshuffle may change
+                self.micro_per_epoch = self.drawn.micro_per_epoch(self.epoch)
             for batch in self.loader:
                 if self.micro_in_epoch >= self.micro_per_epoch:
                     break  # the remainder that does not fill an optimizer step
