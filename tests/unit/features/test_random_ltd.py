@@ -17,6 +17,7 @@ import zerotrain
 from zerotrain.config import load_config
 from zerotrain.data_efficiency import convert_to_random_ltd, layer_averaged_length, save_without_random_ltd
 from zerotrain.errors import ConfigError, ModelInterfaceError
+from zerotrain.features.random_ltd import RandomLTDFeature
 from zerotrain.models import BertConfig, GPTConfig
 from zerotrain.models.bert import PreLNBertMLM
 
@@ -297,13 +298,18 @@ def test_interface_mistakes():
     assert "convert_to_random_ltd: random-LTD is not enabled in the config" in one_line(err)
 
 
-def test_pipeline_engine_is_refused_in_one_line():
+def test_a_pipeline_routes_its_blocks_by_whole_pipeline_ids_or_says_it_has_none():
     from zerotrain.models.block import PreLNBlock
-    from zerotrain.pipe import PipelineModule
+    from zerotrain.pipe import LayerSpec, PipelineModule
 
-    model = PipelineModule([PreLNBlock(8, 2), PreLNBlock(8, 2)], num_stages=1, loss_fn=lambda out, _: out.mean())
-    with pytest.raises(ConfigError) as err:
-        zerotrain.initialize(model=model, config=config(ltd(total=2, ids=[1])))
-    assert one_line(err) == ("data_efficiency.data_routing.random_ltd.enabled: random-LTD does not run through the "
-                             "pipeline engine; train without pipeline stages or set it false")
+    layers = [torch.nn.Linear(8, 8), LayerSpec(PreLNBlock, 8, 2), PreLNBlock(8, 2)]
+    model = PipelineModule(layers, num_stages=1, loss_fn=lambda out, _: out.mean())
+    engine, *_ = zerotrain.initialize(model=model, config=config(ltd(total=2, ids=[1])))
+    assert engine.feature(RandomLTDFeature).layers == ["2"] and not hasattr(model.get_submodule("1"), "_random_ltd")
+    plain = PipelineModule([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)], num_stages=1,
+                           loss_fn=lambda out, _: out.mean())
+    with pytest.raises(ModelInterfaceError) as err:
+        zerotrain.initialize(model=plain, config=config(ltd(total=2, ids=[1])))
+    assert one_line(err).startswith("data_efficiency.data_routing.random_ltd: the PipelineModule has no zerotrain "
+                                    "blocks (PreLNBlock) to route; call zerotrain.data_efficiency.convert_to_random_ltd")
 

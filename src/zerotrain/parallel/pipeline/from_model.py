@@ -185,6 +185,10 @@ def split_model(model: nn.Module, kind: str, task: str, stages: int, pipeline_cf
                          seed_layers=bool(cfg.get("seed_layers", False)),
                          partition_method="parameters" if partition == "best" else partition,
                          droppable_layers=f"type:^({'|'.join(_block_types(layers))})$", tensor_plan=plan)
+    if kind == "hf":  # random-LTD, when on, routes the stages' decoder layers (features/random_ltd.py)
+        from ...data_efficiency.routing import hf_blocks
+
+        net._random_ltd_class = type(hf_blocks(model)[0][1])
     names = {name: own[id(t)] for name, t in list(net.named_parameters(remove_duplicate=False))
              + list(net.named_buffers()) if id(t) in own}
     keep = {id(t) for t in list(net.parameters()) + list(net.buffers())}
