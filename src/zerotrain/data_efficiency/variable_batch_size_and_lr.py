@@ -87,7 +87,9 @@ def dynamic_batching_notice(cfg, has_training_data: bool) -> tuple[bool, str] | 
         off = "data_efficiency.enabled" if not de.enabled else "data_efficiency.data_sampling.enabled"
         return True, (f"{WHERE}.enabled is true but {off} is false: initialize's loader makes fixed-size batches "
                 f"(enable {off} to batch by tokens)")
-    if not has_training_data:
+    from ..engine.summary import should_log
+
+    if not has_training_data and should_log():  # a caller with its own summary (the trainer) attaches it itself
         return False, (f"{WHERE} is enabled but initialize got no training_data: batches by tokens come from "
                 "initialize(training_data=...) or get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed")
     return None

@@ -14,10 +14,12 @@ holds similar lengths (little padding, and ranks finish their forwards together)
 
 from __future__ import annotations
 
-import torch
-from torch.utils.data import Sampler
+import math
 
-from ...errors import DataError
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ...errors import ConfigError, DataError
 
 MEGABATCH = 50  # global batches sorted together, as HF's length-grouped sampler does
 
@@ -102,3 +104,42 @@ def sample_lengths(dataset) -> list[int]:
     if hasattr(dataset, "column_names") and "length" in dataset.column_names:
         return list(dataset["length"])
     return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+
+
+class SampledBatches:
+    """The trainer's own batches: TrainSampler's share of each epoch through a DataLoader. The
+    training loop reads this or data_efficiency's batches (efficiency.py) through the same
+    methods: micro_per_epoch, total_steps, set_epoch, iteration, and the engine's two hooks."""
+
+    def __init__(self, dataset, args, data_rank: int, data_world: int, collator):
+        mb, self.ga = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        lengths = sample_lengths(dataset) if args.group_by_length else None
+        self.sampler = TrainSampler(len(dataset), mb, data_rank, data_world, args.seed, lengths)
+        self.loader = DataLoader(dataset, batch_size=mb, sampler=self.sampler, collate_fn=collator,
+                                 num_workers=args.dataloader_num_workers,
+                                 generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
+        self.micro = len(self.loader) // self.ga * self.ga
+        if self.micro == 0:
+            raise ConfigError(f"an epoch has {len(self.loader)} micro-batches per process, fewer than "
+                              f"gradient_accumulation_steps {self.ga}; lower it or the batch size, or add data")
+
+    def micro_per_epoch(self, epoch: int) -> int:
+        return self.micro
+
+    def total_steps(self, epochs: float) -> int:
+        return max(1, math.ceil(epochs * (self.micro // self.ga)))
+
+    def check_total(self, total_steps: int) -> None:
+        """Epochs repeat without end."""
+
+    def engine_config(self, ds: dict, output_dir) -> dict:
+        return {}  # initialize gets no training data: the loop feeds the engine
+
+    def attach(self, engine, loader) -> None:
+        """Nothing of the engine's to adopt."""
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.sampler.set_epoch(epoch, skip)
+
+    def __iter__(self):
+        return iter(self.loader)

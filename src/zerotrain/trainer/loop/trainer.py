@@ -4,8 +4,8 @@
     Trainer(model, plan, data=prepared, ...).train()                    zerotrain train (assembly.py)
 
     build:  the run plan (plan.py: options, parallel sizes, run folder, DeepSpeed config; made
-            once) -> sampler and loader (data/sampler.py) -> the config's model and step values
-            filled -> zerotrain's initialize
+            once) -> the batches (data/sampler.py; data/efficiency.py when data_efficiency draws
+            them) -> the config's model and step values filled -> zerotrain's initialize
     loop:   for each micro-batch: engine(batch) -> engine.backward -> engine.step (step.py)
             at each optimizer step: one all-reduce of (loss, micro-batches, tokens) -> log / evaluate / save
     end:    final evaluation, model (or adapter) + tokenizer to output_dir, summary table
@@ -29,13 +29,11 @@ always has a checkpoint unless save_strategy is no.
 from __future__ import annotations
 
 import json
-import math
 import random
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from ...comm import Comm, init_parallel
 from ...engine.checkpointing import writes_shared_files
@@ -48,7 +46,7 @@ from ...schedules import get_scheduler, resolve_warmup_steps
 from ..args import TrainingArguments
 from ..data.collate import Collator
 from ..data.efficiency import drawn_batches
-from ..data.sampler import TrainSampler, sample_lengths
+from ..data.sampler import SampledBatches
 from ..ds_config import model_hidden_size, sample_length
 from ..model.build import ModelInfo
 from ..model.gradient_checkpointing import enable_gradient_checkpointing
@@ -119,12 +117,10 @@ class Trainer(SavesAndResumes):
 
             trained, self.pipe_names = split_model(model, self.info.kind, task, sizes.pipeline,
                                                    plan.built.config.get("pipeline"), sizes.tensor, sizes.data)
-        self.steps_per_epoch = self.micro_per_epoch // args.gradient_accumulation_steps
         self.total_steps = 0 if train_dataset is None else args.max_steps if args.max_steps > 0 else \
-            self.drawn.total_steps(args.num_train_epochs) if self.drawn is not None else \
-            max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch))
-        if self.drawn is not None:
-            self.drawn.check_total(self.total_steps)
+            self.batches.total_steps(args.num_train_epochs)
+        if self.batches is not None:
+            self.batches.check_total(self.total_steps)
         block = (data.block_size if data is not None else None) or (lambda: sample_length(train_dataset))
         self._make_engine(trained, block)
         self._open_run_folder()  # every rank has checked the options, the data and the config by now
@@ -170,26 +166,15 @@ class Trainer(SavesAndResumes):
         return plan
 
     def _make_loader(self, dataset) -> None:
-        """This rank's share of every batch (data/sampler.py); None without a training set."""
-        args = self.args
-        mb, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps  # as the config adopted them
-        self.micro_per_epoch, self.loader = 1, None
-        self.drawn = drawn_batches(self.plan, dataset, args, self.data_rank, self.data_world, self.collator)
-        if self.drawn is not None:  # data_efficiency's sampler or token batches (data/efficiency.py)
-            self.sampler = self.loader = self.drawn
-            self.micro_per_epoch = self.drawn.micro_per_epoch(0)
-            return
+        """This rank's share of every batch: the trainer's sampler (data/sampler.py) or the
+        data_efficiency block's (data/efficiency.py); None without a training set."""
+        self.micro_per_epoch, self.batches = 1, None
         if dataset is None:  # evaluate only (do_train false)
             return
-        lengths = sample_lengths(dataset) if args.group_by_length else None
-        self.sampler = TrainSampler(len(dataset), mb, self.data_rank, self.data_world, args.seed, lengths)
-        self.loader = DataLoader(dataset, batch_size=mb, sampler=self.sampler, collate_fn=self.collator,
-                                 num_workers=args.dataloader_num_workers,
-                                 generator=torch.Generator().manual_seed(args.seed))  # keeps the global RNG untouched
-        self.micro_per_epoch = len(self.loader) // ga * ga
-        if self.micro_per_epoch == 0:
-            raise ConfigError(f"an epoch has {len(self.loader)} micro-batches per process, fewer than "
-                              f"gradient_accumulation_steps {ga}; lower it or the batch size, or add data")
+        made = (self.plan, dataset, self.args, self.data_rank, self.data_world, self.collator)
+        self.batches = drawn_batches(*made) or SampledBatches(*made[1:])
+        self.sampler = self.batches.sampler
+        self.micro_per_epoch = self.batches.micro_per_epoch(0)
 
     def _make_engine(self, trained: torch.nn.Module, block_size) -> None:
         """The plan's config with the model's hidden size, the data's block size and the step
@@ -205,7 +190,7 @@ class Trainer(SavesAndResumes):
         if not uses_ds_scheduler and not plateau:
             factory = lambda opt: get_scheduler(args.lr_scheduler_type, opt, self.warmup_steps,  # noqa: E731
                                                 schedule_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
-        extra = self.drawn.engine_config(ds, self.output_dir) if self.drawn is not None else {}
+        extra = self.batches.engine_config(ds, self.output_dir) if self.batches is not None else {}
         try:
             with told_elsewhere():  # the banner says what runs
                 self.engine, _, loader, _ = initialize(model=trained, config=ds, lr_scheduler=factory,
@@ -217,8 +202,8 @@ class Trainer(SavesAndResumes):
             raise ConfigError(f"lr_scheduler_type {args.lr_scheduler_type}: {e}") from None
         # trainer/data/sampler.py and the curriculum's sampler: each global micro-batch in rank blocks
         self.engine.sample_dealing = "blocked"
-        if self.drawn is not None:
-            self.drawn.attach(self.engine, loader)
+        if self.batches is not None:
+            self.batches.attach(self.engine, loader)
         self.plateau = get_scheduler("reduce_lr_on_plateau", self.engine.optimizer,
                                      scheduler_specific_kwargs=args.lr_scheduler_kwargs) \
             if plateau and not uses_ds_scheduler else None
@@ -289,10 +274,9 @@ class Trainer(SavesAndResumes):
         self.clock = TrainClock(self.clock.total)
         window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since the last log
         while engine.global_steps < self.total_steps and not engine.should_stop():
-            self.sampler.set_epoch(self.epoch, skip=self.micro_in_epoch * args.per_device_train_batch_size)
-            if self.drawn is not None:  # token batches: the packing's count, which a reshuffle may change
-                self.micro_per_epoch = self.drawn.micro_per_epoch(self.epoch)
-            for batch in self.loader:
+            self.batches.set_epoch(self.epoch, skip=self.micro_in_epoch * args.per_device_train_batch_size)
+            self.micro_per_epoch = self.batches.micro_per_epoch(self.epoch)  # token batches' may change
+            for batch in self.batches:
                 if self.micro_in_epoch >= self.micro_per_epoch:
                     break  # the remainder that does not fill an optimizer step
                 boundary = self.micro_batches.at_boundary()
