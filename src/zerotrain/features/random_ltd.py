@@ -15,8 +15,9 @@ counters kept and saved (data_efficiency/random_ltd.py has the maths, routing.py
 Through the pipeline engine every stage routes the layers it holds, counting ids over the
 whole pipeline (PipelineModule.layers_of_class), and keys the kept tokens by the micro-batch
 its torch schedule is running (module.micro_batch), so 2 stages keep what 1 process keeps
-with no message between them. Evaluation forwards (module.eval()) see every token. Layers keep their tokens by a key of the
-batch-reading rank (engine.batch_comm), not the global one: tensor ranks that share a batch keep the same.
+with no message between them. Evaluation forwards (module.eval()) see every token. Layers
+keep their tokens by a key of the batch-reading rank (engine.batch_comm), not the global one:
+tensor ranks that share a batch keep the same.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class RandomLTDFeature(EngineFeature):
             log.info("%s on %s", self.describe(), where)
 
     def _route_pipeline(self, module, cls) -> None:
-        """Every stage lists the layers of the whole pipeline (ids count from its first layer)
+        """Every stage lists the layers of the whole pipeline (ids count over all its stages)
         and routes those it holds; a stage draws the kept tokens of its layers by itself, from
         the same key as one process would, with the micro-batch its schedule runs."""
         from ..models.block import PreLNBlock

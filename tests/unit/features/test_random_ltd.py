@@ -310,6 +310,7 @@ def test_a_pipeline_routes_its_blocks_by_whole_pipeline_ids_or_says_it_has_none(
                            loss_fn=lambda out, _: out.mean())
     with pytest.raises(ModelInterfaceError) as err:
         zerotrain.initialize(model=plain, config=config(ltd(total=2, ids=[1])))
-    assert one_line(err).startswith("data_efficiency.data_routing.random_ltd: the PipelineModule has no zerotrain "
-                                    "blocks (PreLNBlock) to route; call zerotrain.data_efficiency.convert_to_random_ltd")
+    assert one_line(err).startswith("data_efficiency.data_routing.random_ltd: the PipelineModule has no "
+                                    "zerotrain blocks (PreLNBlock) to route; call "
+                                    "zerotrain.data_efficiency.convert_to_random_ltd")
 

@@ -77,8 +77,7 @@ class _Stage(nn.Module):
         object.__setattr__(self, "owner", owner)  # not a submodule: no second set of state-dict keys
         self.index, self.start, self.stop = index, start, stop
         self.layers = nn.ModuleList(modules)
-
-    micro_batch = 0  # set by the torch stage that runs it (schedules.py) before each forward
+        self.micro_batch = 0  # set by the torch stage that runs it (schedules.py) before each forward
 
     def forward(self, *inputs):
         return self.owner.run_layers(self.start, self.stop, inputs, self.micro_batch)
