@@ -7,7 +7,8 @@ a mistake in the DeepSpeed config or an option costs a second, not the ~12 s of 
     the data plan   do_train / do_eval / do_predict have the data they need
     the run plan    (plan.py) output_dir not someone else's run (unless --overwrite_output_dir
                     or resuming); the DeepSpeed config built from the options, typed and
-                    validated for the world size
+                    validated for the world size; the data_efficiency block's batches agree
+                    with the options
     LR schedule     built once on a stand-in optimizer (bad lr_scheduler_kwargs fail here)
 
 Run by the launcher before it starts any rank, and by every rank before it loads anything:
@@ -31,6 +32,7 @@ def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
     """The run plan for these options on `world_size` processes (`comm`: this rank's), once
     every file they name exists."""
     from .data.chat import check_chat_template
+    from .data.efficiency import sampling_kind
     from .data.tokenizer import check_tokenizer_source
     from .model.build import check_init_from, check_model_source
     from .report.metrics_log import check_report_to
@@ -49,8 +51,10 @@ def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
         check_init_from(model_args.init_from)
     if model_args.task == "sft":
         check_chat_template(data_args.chat_template)
-    return check_deepspeed_config(train_args, options.explicit, world_size, data_args.block_size, comm=comm,
+    plan = check_deepspeed_config(train_args, options.explicit, world_size, data_args.block_size, comm=comm,
                                   model_options=model_args, data_options=data_args)
+    sampling_kind(plan)  # the data_efficiency block's batches against the options (data/efficiency.py)
+    return plan
 
 
 def check_deepspeed_config(train_args: TrainingArguments, explicit: set[str], world_size: int,

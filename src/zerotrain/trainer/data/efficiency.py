@@ -37,28 +37,17 @@ class DrawnBatches:
     """The trainer's loader and sampler (set_epoch, iteration, micro-batches per epoch) over the
     loader data_efficiency makes."""
 
-    def __init__(self, kind: str, dataset, config, args, data_rank: int, data_world: int, collator, pipeline: bool):
+    def __init__(self, kind: str, dataset, config, args, data_rank: int, data_world: int, collator):
         self.kind, self.dataset, self.config, self.collator = kind, dataset, config, collator
         self.micro, self.ga = args.per_device_train_batch_size, args.gradient_accumulation_steps
-        what = "curriculum_learning" if kind == "curriculum" else "dynamic_batching"
-        if args.group_by_length:
-            raise ConfigError(f"group_by_length: {WHERE}.{what} orders the training batches; drop one of them")
-        if args.dataloader_num_workers:
-            raise ConfigError(f"dataloader_num_workers: {WHERE}.{what}'s loader takes its workers from "
-                              f"{WHERE}.num_workers; set that instead")
         self.loader, self.sampler, self._left = None, None, 0
-        sampling = config.data_efficiency.data_sampling
         if kind == "curriculum":
-            self._check_metrics(sampling.curriculum_learning.curriculum_metrics)
             self.samples_per_step = self.micro * data_world * self.ga
             if len(dataset) // self.samples_per_step == 0:
                 raise ConfigError(f"the training set has {len(dataset)} samples, fewer than train_batch_size "
                                   f"{self.samples_per_step}; lower the batch size or add data")
             return
-        if pipeline:
-            raise ConfigError(f"{WHERE}.dynamic_batching: the trainer does not batch by tokens through pipeline "
-                              "stages; set --pipeline_parallel_size 1 or disable dynamic batching")
-        block = sampling.dynamic_batching
+        block = config.data_efficiency.data_sampling.dynamic_batching
         seqlens = measured_seqlens(dataset, block) if block.metrics_path else sample_lengths(dataset)
         self.loader, _, _ = build_variable_batch_training(dataset, config, data_rank, data_world, collator,
                                                           seqlens=seqlens)
@@ -67,14 +56,6 @@ class DrawnBatches:
             raise ConfigError(f"{WHERE}.dynamic_batching: an epoch packs no whole step of train_batch_size "
                               f"{self.sampler.effective_batch_size} packs; raise max_tokens, lower the batch size or "
                               "add data")
-
-    @staticmethod
-    def _check_metrics(metrics) -> None:
-        for name, spec in metrics.items():
-            if spec.clustering_type == "single_cluster" and name not in BUILT_IN:
-                raise ConfigError(f"{WHERE}.curriculum_learning.curriculum_metrics.{name}: a single_cluster metric "
-                                  f"picks no samples and acts only through a post-process function; the trainer has "
-                                  f"{' and '.join(BUILT_IN)}: name the metric one of them, or make it schedule_based")
 
     # ---- sizes -----------------------------------------------------------------------------
     def micro_per_epoch(self, epoch: int) -> int:
@@ -142,10 +123,10 @@ class DrawnBatches:
                 return
 
 
-def drawn_batches(plan, dataset, args, data_rank: int, data_world: int, collator) -> DrawnBatches | None:
-    """The data_efficiency loader the config asks for, or None (the trainer's own sampler)."""
-    if dataset is None:
-        return None
+def sampling_kind(plan) -> str | None:
+    """Which part of the data_efficiency block draws the training batches ("curriculum",
+    "dynamic_batching" or None), once the options agree with it: preflight asks before anything
+    is loaded, so these mistakes cost a second."""
     on = [kind for kind, test in (("curriculum", curriculum_sampling_on), ("dynamic_batching", dynamic_batching_on))
           if test(plan.config)]
     if len(on) == 2:
@@ -153,5 +134,25 @@ def drawn_batches(plan, dataset, args, data_rank: int, data_world: int, collator
                           "one of them")
     if not on:
         return None
-    kind = on[0]
-    return DrawnBatches(kind, dataset, plan.config, args, data_rank, data_world, collator, plan.parallel.pipeline > 1)
+    kind, args = on[0], plan.options
+    what = "curriculum_learning" if kind == "curriculum" else "dynamic_batching"
+    if args.group_by_length:
+        raise ConfigError(f"group_by_length: {WHERE}.{what} orders the training batches; drop one of them")
+    if args.dataloader_num_workers:
+        raise ConfigError(f"dataloader_num_workers: {WHERE}.{what}'s loader takes its workers from "
+                          f"{WHERE}.num_workers; set that instead")
+    if kind == "dynamic_batching" and plan.parallel.pipeline > 1:
+        raise ConfigError(f"{WHERE}.dynamic_batching: the trainer does not batch by tokens through pipeline stages; "
+                          "set --pipeline_parallel_size 1 or disable dynamic batching")
+    for name, spec in (plan.config.data_efficiency.data_sampling.curriculum_learning.curriculum_metrics or {}).items():
+        if kind == "curriculum" and spec.clustering_type == "single_cluster" and name not in BUILT_IN:
+            raise ConfigError(f"{WHERE}.curriculum_learning.curriculum_metrics.{name}: a single_cluster metric picks "
+                              f"no samples and acts only through a post-process function; the trainer has "
+                              f"{' and '.join(BUILT_IN)}: name the metric one of them, or make it schedule_based")
+    return kind
+
+
+def drawn_batches(plan, dataset, args, data_rank: int, data_world: int, collator) -> DrawnBatches | None:
+    """The data_efficiency loader the config asks for, or None (the trainer's own sampler)."""
+    kind = sampling_kind(plan) if dataset is not None else None
+    return DrawnBatches(kind, dataset, plan.config, args, data_rank, data_world, collator) if kind else None

@@ -144,14 +144,16 @@ def test_dynamic_batching_makes_token_batches_and_scales_the_lr(tmp_path):
                                                           for s in range(6)]))
 
 
-@pytest.mark.parametrize("change, line", [
-    ({"metric": "rarity_cluster"}, "curriculum_metrics.rarity_cluster: a single_cluster metric picks no samples"),
+@pytest.mark.parametrize("change, line, before_data", [
+    ({"metric": "rarity_cluster"}, "curriculum_metrics.rarity_cluster: a single_cluster metric picks no samples",
+     True),
     ({"group_by_length": True}, "group_by_length: data_efficiency.data_sampling.curriculum_learning orders the "
-                                "training batches; drop one of them"),
-    ({"max_steps": 400}, "data_efficiency.data_sampling.num_epochs: 1 draws at most"),
+                                "training batches; drop one of them", True),
+    ({"max_steps": 400}, "data_efficiency.data_sampling.num_epochs: 1 draws at most", False),
 ])
-def test_what_the_trainer_cannot_honour_is_one_line(tmp_path, change, line):
+def test_what_the_trainer_cannot_honour_is_one_line(tmp_path, change, line, before_data):
     metric = change.pop("metric", "seqlen_truncate")
     ds = curriculum({metric: TRUNCATE}, tmp_path / "clusters", num_epochs=1)
     with pytest.raises(ConfigError, match=line.replace("(", r"\(")):
         run(options(tmp_path, deepspeed=ds, **change))
+    assert (tmp_path / "cache").exists() != before_data  # what the options decide is refused before the data loads
