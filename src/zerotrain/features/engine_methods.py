@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from ..engine.engine import Engine
 from ..engine.getters import ConfigGetters
-from ..zero.offload.states import EngineStates, OffloadDeviceEnum
+from ..engine.state_offload import StateOffload
 from .curriculum import CurriculumFeature
 from .data_sampling import DataSamplingFeature
 from .layer_drop import LayerDropFeature
@@ -89,25 +89,6 @@ class FeatureMethods:
             raise RuntimeError("set_data_post_process_func: needs the data_efficiency curriculum on and "
                                "initialize(training_data=...) (its loader applies the function)")
         sampling.loader.post_process_func = fn
-
-
-class StateOffload:
-    """engine.offload_states / reload_states (zero/offload/states.py has what moves and when)."""
-
-    def offload_states(self, include=None, device=OffloadDeviceEnum.cpu, pin_memory: bool = True,
-                       non_blocking: bool = False) -> None:
-        """Move the states in `include` (OffloadStateTypeEnum members; None: all) to `device`
-        (OffloadDeviceEnum.cpu), into pinned host memory with a GPU and `pin_memory`."""
-        self._states().offload(include, device, pin_memory, non_blocking)
-
-    def reload_states(self, non_blocking: bool = False) -> None:
-        """Every state offload_states moved back to the device it came from."""
-        self._states().reload(non_blocking)
-
-    def _states(self) -> EngineStates:
-        if "_offloaded_states" not in self.__dict__:
-            self.__dict__["_offloaded_states"] = EngineStates(self)
-        return self.__dict__["_offloaded_states"]
 
 
 class TrainingEngine(FeatureMethods, StateOffload, ConfigGetters, Engine):

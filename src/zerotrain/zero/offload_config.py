@@ -1,12 +1,10 @@
 """`deepspeed.runtime.zero.offload_config` under zerotrain's name: the enums of
-`engine.offload_states()` (offload/states.py) and the offload blocks of the config. Absolute
-imports: `zerotrain.runtime.zero` is this package under another name, so the module may be
-loaded under either."""
+`engine.offload_states()` (offload/states.py) and the offload blocks of the config."""
 
-from zerotrain.config.zero import OffloadOptimizerConfig as DeepSpeedZeroOffloadOptimizerConfig
-from zerotrain.config.zero import OffloadParamConfig as DeepSpeedZeroOffloadParamConfig
-from zerotrain.helpers.refusals import missing
-from zerotrain.zero.offload.states import OffloadDeviceEnum, OffloadStateTypeEnum
+from ..config.zero import OffloadOptimizerConfig as DeepSpeedZeroOffloadOptimizerConfig
+from ..config.zero import OffloadParamConfig as DeepSpeedZeroOffloadParamConfig
+from ..helpers.refusals import missing
+from .offload.states import OffloadDeviceEnum, OffloadStateTypeEnum
 
 __all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum", "DeepSpeedZeroOffloadOptimizerConfig",
            "DeepSpeedZeroOffloadParamConfig"]

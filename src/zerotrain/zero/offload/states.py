@@ -110,17 +110,16 @@ def _filled(cell) -> bool:
     return True
 
 
-def state_seeds(engine, kind: OffloadStateTypeEnum) -> list:
-    """What holds state `kind` in this engine (walked by _tensors)."""
-    strategy, optimizer = engine.strategy, engine.optimizer
+def state_seeds(strategy, optimizer, kind: OffloadStateTypeEnum) -> list:
+    """What holds state `kind` for this strategy and optimizer (walked by _tensors)."""
     if kind is OffloadStateTypeEnum.optim_states:
         return [optimizer.state]
     if kind is OffloadStateTypeEnum.hp_params:
         return [strategy.masters, strategy.stepper.masters if strategy.stepper is not None else None]
     if kind is OffloadStateTypeEnum.lp_params:
-        return [[p.data for p in engine.module.parameters()], [s.tensor for s in getattr(strategy, "stores", ())]]
+        return [[p.data for ps in strategy.ordered for p in ps], [s.tensor for s in getattr(strategy, "stores", ())]]
     if kind is OffloadStateTypeEnum.lp_grads:
-        return [strategy.master_grads, [p.grad for p in engine.module.parameters()],
+        return [strategy.master_grads, [p.grad for ps in strategy.ordered for p in ps],
                 getattr(getattr(strategy, "flat", None), "accumulators", None)]
     return [[b.data for b in strategy.reducer.buckets]]  # contiguous_grad_buffer: None between steps
 
@@ -150,27 +149,29 @@ def relocate(holders: list[torch.Tensor], storages: dict[tuple, torch.UntypedSto
 
 class EngineStates:
     """One engine's offload record: which state types are away and the storages that moved,
-    each with the device it came from."""
+    each with the device it came from. `zero` is the config's zero_optimization block."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, strategy, optimizer, module: torch.nn.Module, zero):
+        self.strategy, self.optimizer, self.module, self.zero = strategy, optimizer, module, zero
         self.offloaded: set[OffloadStateTypeEnum] = set()
         self.away: dict[tuple, tuple[torch.UntypedStorage, torch.device]] = {}
         self._said_nothing_moves = False
 
     def _check(self, what: str) -> None:
-        engine = self.engine
-        zero = engine.config.zero_optimization
-        if engine.strategy.stage == 0:
+        if self.strategy.stage == 0:
             raise ConfigError(f"{what}: needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0), whose optimizer "
                               "states, masters and gradient shards it moves")
-        if engine.optimizer is None:
+        if self.optimizer is None:
             raise ConfigError(f"{what}: the engine has no optimizer (config or initialize(optimizer=...)); "
                               "there are no optimizer states to move")
-        param = zero.offload_param
-        if param is not None and param.device != "none" and engine.strategy.stage == 3:
+        param = self.zero.offload_param
+        if param is not None and param.device != "none" and self.strategy.stage == 3:
             raise ConfigError(f"{what}: not built with parameter offload (zero_optimization.offload_param.device "
                               f"{param.device!r}): the parameters already live off the device")
+
+    def _holders(self) -> list[torch.Tensor]:
+        """Every tensor that may be a view of a moved storage."""
+        return _tensors([self.strategy, self.optimizer, self.module])
 
     def kinds(self, include) -> list[OffloadStateTypeEnum]:
         """`include` as state types (all when None), less those the optimizer offload keeps
@@ -184,9 +185,9 @@ class EngineStates:
                 raise ConfigError(f"offload_states: include has {unknown[0]!r}, not a state type; use "
                                   f"OffloadStateTypeEnum members: {', '.join(k.value for k in KINDS)}")
             chosen = [OffloadStateTypeEnum(n) for n in dict.fromkeys(names)]
-        if self.engine.strategy.offload.enabled:
+        if self.strategy.offload.enabled:
             kept = {OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.optim_states}
-            if self.engine.strategy.stage == 3:
+            if self.strategy.stage == 3:
                 kept.add(OffloadStateTypeEnum.lp_grads)
             chosen = [k for k in chosen if k not in kept]
         return chosen
@@ -203,13 +204,13 @@ class EngineStates:
         if device is OffloadDeviceEnum.nvme:
             raise ConfigError("offload_states: device 'nvme' is not built (as in DeepSpeed); use "
                               "OffloadDeviceEnum.cpu")
-        self.engine.strategy.behind.join()  # an NVMe step running behind the forward owns the masters
-        self.engine.strategy.release_gathered()  # whole stage-3 parameters are a cache, not a state
+        self.strategy.behind.join()  # an NVMe step running behind the forward owns the masters
+        self.strategy.release_gathered()  # whole stage-3 parameters are a cache, not a state
         kinds = [k for k in self.kinds(include) if k not in self.offloaded]
         pin = bool(pin_memory and torch.cuda.is_available())
         host = torch.device("cpu")
-        holders = _tensors([self.engine.strategy, self.engine.optimizer, self.engine.module])
-        seeds = _tensors(s for k in kinds for s in state_seeds(self.engine, k))
+        holders = self._holders()
+        seeds = _tensors(s for k in kinds for s in state_seeds(self.strategy, self.optimizer, k))
         storages = {_key(t): t.untyped_storage() for t in seeds
                     if copy_host or t.device != host or (pin and not t.untyped_storage().is_pinned())}
         storages = {k: s for k, s in storages.items() if k not in self.away}
@@ -221,7 +222,7 @@ class EngineStates:
         if not storages and not self._said_nothing_moves:
             self._said_nothing_moves = True
             log.warning("offload_states: the %s are in host memory already (the engine computes on %s%s); nothing "
-                        "moves", ", ".join(k.value for k in kinds) or "states", self.engine.device,
+                        "moves", ", ".join(k.value for k in kinds) or "states", self.strategy.device,
                         "" if torch.cuda.is_available() else ", no GPU to pin for")
         if not non_blocking and torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -233,7 +234,7 @@ class EngineStates:
     def reload(self, non_blocking: bool = False) -> None:
         self._check("reload_states")
         if self.away:
-            holders = _tensors([self.engine.strategy, self.engine.optimizer, self.engine.module])
+            holders = self._holders()
             for home in {h for _, h in self.away.values()}:
                 group = {k: s for k, (s, h) in self.away.items() if h == home}
                 relocate(holders, group, home, pin=False, non_blocking=non_blocking)

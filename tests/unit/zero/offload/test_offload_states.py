@@ -55,7 +55,7 @@ def test_device_none_moves_nothing_and_says_so(caplog):
     finally:
         logging.getLogger("zerotrain").removeHandler(caplog.handler)
     assert "offload_states: device 'none' moves nothing" in caplog.text
-    assert not engine._states().offloaded
+    assert not engine._state_mover().offloaded
     engine.destroy()
 
 
@@ -69,16 +69,16 @@ def test_device_none_moves_nothing_and_says_so(caplog):
 ])
 def test_the_states_taken(stage, offload, include, kinds):
     engine = _engine(stage, **({"offload_optimizer": {"device": offload}} if offload else {}))
-    assert engine._states().kinds(include) == kinds
+    assert engine._state_mover().kinds(include) == kinds
     engine.destroy()
 
 
 def test_reload_after_offload_trains_on():
     engine = _engine(2)
-    engine._states().offload(include=[S.optim_states], copy_host=True)
-    assert engine._states().offloaded == {S.optim_states}
+    engine._state_mover().offload(include=[S.optim_states], copy_host=True)
+    assert engine._state_mover().offloaded == {S.optim_states}
     engine.reload_states()
-    assert not engine._states().offloaded and not engine._states().away
+    assert not engine._state_mover().offloaded and not engine._state_mover().away
     x = torch.randn(2, 4)
     engine.backward(engine(x).sum())
     engine.step()
