@@ -33,7 +33,6 @@ are in host memory from the start: nothing moves, and the call says so once.
 from __future__ import annotations
 
 import enum
-import gc
 import logging
 import types
 from collections.abc import Iterable
@@ -226,7 +225,8 @@ class EngineStates:
                         "" if torch.cuda.is_available() else ", no GPU to pin for")
         if not non_blocking and torch.cuda.is_available():
             torch.cuda.synchronize()
-        gc.collect()
+        # no gc.collect(): an old storage is freed when its last tensor is re-pointed (reference
+        # counting), and a full collection costs seconds in a process that imported torch's compiler
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         release_freed_memory()  # the host's side of empty_cache: freed heap pages back to the system
