@@ -154,7 +154,7 @@ class EngineStates:
         self.strategy, self.optimizer, self.module, self.zero = strategy, optimizer, module, zero
         self.offloaded: set[OffloadStateTypeEnum] = set()
         self.away: dict[tuple, tuple[torch.UntypedStorage, torch.device]] = {}
-        self._said_nothing_moves = False
+        self._said_nothing_moves = self._said_kept = False
 
     def _check(self, what: str) -> None:
         if self.strategy.stage == 0:
@@ -174,7 +174,7 @@ class EngineStates:
 
     def kinds(self, include) -> list[OffloadStateTypeEnum]:
         """`include` as state types (all when None), less those the optimizer offload keeps
-        in host memory already."""
+        in host memory already (`kept_in_host`)."""
         if include is None:
             chosen = list(KINDS)
         else:
@@ -184,12 +184,15 @@ class EngineStates:
                 raise ConfigError(f"offload_states: include has {unknown[0]!r}, not a state type; use "
                                   f"OffloadStateTypeEnum members: {', '.join(k.value for k in KINDS)}")
             chosen = [OffloadStateTypeEnum(n) for n in dict.fromkeys(names)]
-        if self.strategy.offload.enabled:
-            kept = {OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.optim_states}
-            if self.strategy.stage == 3:
-                kept.add(OffloadStateTypeEnum.lp_grads)
-            chosen = [k for k in chosen if k not in kept]
-        return chosen
+        return [k for k in chosen if k not in self.kept_in_host()]
+
+    def kept_in_host(self) -> set[OffloadStateTypeEnum]:
+        """What offload_optimizer keeps in host memory: masters and optimizer state, at stage 3
+        the gradient shards the host step reads too."""
+        if not self.strategy.offload.enabled:
+            return set()
+        kept = {OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.optim_states}
+        return kept | ({OffloadStateTypeEnum.lp_grads} if self.strategy.stage == 3 else set())
 
     def offload(self, include=None, device=OffloadDeviceEnum.cpu, pin_memory: bool = True,
                 non_blocking: bool = False, *, copy_host: bool = False) -> None:
@@ -206,6 +209,11 @@ class EngineStates:
         self.strategy.behind.join()  # an NVMe step running behind the forward owns the masters
         self.strategy.release_gathered()  # whole stage-3 parameters are a cache, not a state
         kinds = [k for k in self.kinds(include) if k not in self.offloaded]
+        asked = set(KINDS) if include is None else {OffloadStateTypeEnum(getattr(k, "value", k)) for k in include}
+        if asked & self.kept_in_host() and not self._said_kept:
+            self._said_kept = True
+            log.warning("offload_states: %s stay where zero_optimization.offload_optimizer keeps them, in host memory",
+                        ", ".join(k.value for k in KINDS if k in asked & self.kept_in_host()))
         pin = bool(pin_memory and torch.cuda.is_available())
         host = torch.device("cpu")
         holders = self._holders()

@@ -73,6 +73,21 @@ def test_the_states_taken(stage, offload, include, kinds):
     engine.destroy()
 
 
+def test_states_the_optimizer_offload_keeps_are_named(caplog):
+    engine = _engine(3, offload_optimizer={"device": "cpu"})
+    logging.getLogger("zerotrain").addHandler(caplog.handler)
+    try:
+        engine.offload_states(include=[S.optim_states, S.lp_params])
+        engine.offload_states(include=[S.optim_states])
+    finally:
+        logging.getLogger("zerotrain").removeHandler(caplog.handler)
+    kept = [r.getMessage() for r in caplog.records if "offload_optimizer keeps" in r.getMessage()]
+    assert kept == ["offload_states: optim_states stay where zero_optimization.offload_optimizer keeps them, "
+                    "in host memory"]
+    assert engine._state_mover().offloaded == {S.lp_params}
+    engine.destroy()
+
+
 def test_reload_after_offload_trains_on():
     engine = _engine(2)
     engine._state_mover().offload(include=[S.optim_states], copy_host=True)
