@@ -66,7 +66,8 @@ REFS = {
     # config
     "deepspeed.runtime.config.DeepSpeedConfig": f"{_Z}.config:load_config",
     "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": f"{_Z}.config:ZeroConfig",
-    "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": "deepspeed._harness:OffloadDeviceEnum",
+    "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": f"{_Z}.zero.offload_config:OffloadDeviceEnum",
+    "deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum": f"{_Z}.zero.offload_config:OffloadStateTypeEnum",
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadParamConfig": f"{_Z}.config:OffloadParamConfig",
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig": f"{_Z}.config:OffloadOptimizerConfig",
     "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig": f"{_Z}.config:OffloadParamConfig",
@@ -104,7 +105,8 @@ REFS = {
     "deepspeed.ops.adam.FusedAdam": "torch.optim:AdamW",  # what "type": "Adam" builds in both
     "deepspeed.ops.adam.DeepSpeedCPUAdam": "torch.optim:AdamW",
     "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
-        "deepspeed._harness:split_params_into_different_moe_groups_for_optimizer",
+        f"{_Z}.moe.utils:split_params_into_different_moe_groups_for_optimizer",
+    "deepspeed.moe.utils.is_moe_param": f"{_Z}.moe.utils:is_moe_param",
 }
 
 _LR = "deepspeed.runtime.lr_schedules."

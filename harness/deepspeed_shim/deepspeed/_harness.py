@@ -8,7 +8,6 @@ DeepSpeed's argument names), torch's version info, and DeepSpeed's op builders (
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import re
@@ -193,19 +192,3 @@ def _builder(name: str):
 
 # module -> factory(name) for names the harness makes up on demand
 FACTORIES = {"deepspeed.ops.op_builder": _builder}
-
-
-def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group_size=None):
-    """deepspeed.moe.utils' grouping of expert parameters: zerotrain has no expert
-    parameters, so the groups come back as they were given (as a list)."""
-    if isinstance(param_groups, dict):
-        return [param_groups]
-    return list(param_groups)
-
-
-class OffloadDeviceEnum(str, enum.Enum):
-    """DeepSpeed's spellings of the offload `device` values, which zerotrain's config reads."""
-
-    none = "none"
-    cpu = "cpu"
-    nvme = "nvme"

@@ -107,13 +107,18 @@ def _writes_model_states(engine) -> bool:
 
 
 def _same_tag(comm, tag, folder: str | None = None):
-    """One checkpoint is one folder: ranks given different tags (a rank-dependent name) would
-    each write part of one into a folder of its own. Compared before validating, so that a tag
-    bad on one rank only fails every rank together. `folder` (the save_dir, unless each node
-    keeps its own) is compared too: a name made per rank from the clock would otherwise leave
-    the non-writing ranks saving into a folder nobody created."""
+    """The tag and the folder every rank saves into. One checkpoint is one folder: ranks given
+    different tags (a rank-dependent name) would each write part of one into a tag of its own
+    and `latest` could point at one part only, so different tags are refused, compared before
+    validating so that a tag bad on one rank only fails every rank together.
+
+    `folder` (the save_dir, None when each node keeps its own) may differ: scripts that name
+    the run folder from each rank's clock or a random id (DeepSpeedExamples' HelloDeepSpeed)
+    give every rank its own. DeepSpeed then writes each rank's files into that rank's folder,
+    a checkpoint no folder holds whole. Here every rank saves into rank 0's folder, the one
+    such scripts create and load from, and each rank says so in one warning naming both."""
     if comm.world_size == 1:
-        return tag
+        return tag, folder
     said = comm.all_gather_object((tag, folder))
     tags = [t for t, _ in said]
     odd = next((r for r, t in enumerate(tags) if t != tags[0]), None)
@@ -121,12 +126,14 @@ def _same_tag(comm, tag, folder: str | None = None):
         raise ConfigError(f"save_checkpoint: the ranks were given different tags (rank 0: {tags[0]!r}, rank "
                           f"{odd}: {tags[odd]!r}); pass the same tag on every rank")
     folders = [f for _, f in said]
-    odd = next((r for r, f in enumerate(folders) if f != folders[0]), None)
-    if odd is not None:
-        raise ConfigError(f"save_checkpoint: the ranks were given different folders (rank 0: {folders[0]!r}, "
-                          f"rank {odd}: {folders[odd]!r}); pass the same save_dir on every rank (make a "
-                          "run-dependent name on rank 0 and broadcast it)")
-    return tag
+    others = [r for r, f in enumerate(folders) if f != folders[0]]
+    if others:
+        who = comm.rank if comm.rank in others else others[0]
+        log.warning("save_checkpoint: rank %d was given the folder %r, rank 0 the folder %r%s; every rank saves into "
+                    "rank 0's, so the checkpoint is whole in one folder (pass the same save_dir on every rank to "
+                    "silence this)", who, folders[who], folders[0],
+                    f" ({len(others)} ranks differ from rank 0)" if len(others) > 1 else "")
+    return tag, folders[0]
 
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool = True, extra_files=None,
@@ -134,7 +141,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     check_save_dir(save_dir, "save_checkpoint")
     comm, shard, prefix = engine.comm, engine.strategy.comm, engine.checkpoint_prefix
     folder = None if engine.config.checkpoint.use_node_local_storage else os.path.abspath(save_dir)
-    tag = validate_tag(_same_tag(comm, tag if tag is not None else f"global_step{engine.global_steps}", folder))
+    tag, folder = _same_tag(comm, tag if tag is not None else f"global_step{engine.global_steps}", folder)
+    tag, save_dir = validate_tag(tag), folder or save_dir
     shards_optimizer = engine.strategy.shards_optimizer
     sharded = _sharded_names(engine)
     frozen = sorted(frozen_names(engine.module))

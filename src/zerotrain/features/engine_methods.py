@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..engine.engine import Engine
+from ..engine.getters import ConfigGetters
+from ..engine.state_offload import StateOffload
 from .curriculum import CurriculumFeature
 from .data_sampling import DataSamplingFeature
 from .layer_drop import LayerDropFeature
@@ -89,5 +91,5 @@ class FeatureMethods:
         sampling.loader.post_process_func = fn
 
 
-class TrainingEngine(FeatureMethods, Engine):
+class TrainingEngine(FeatureMethods, StateOffload, ConfigGetters, Engine):
     """The engine `zerotrain.initialize` returns."""

@@ -39,7 +39,10 @@ REFUSED = {
     "ops.lion": "Lion is not built; use Adam, AdamW or a torch optimizer by name in the optimizer block",
     "ops.adam.FusedAdamW": "use zerotrain.ops.adam.FusedAdam (adam_w_mode=True), a torch AdamW",
     "ops.op_builder": "zerotrain builds no C++/CUDA extensions",
-    "moe": _NO_MOE,
+    "moe.layer": _NO_MOE,  # moe.utils answers for models without expert layers (zerotrain/moe/)
+    "moe.experts": _NO_MOE,
+    "moe.sharded_moe": _NO_MOE,
+    "moe.mappings": _NO_MOE,
     "compression": "DeepSpeed's compression library is not built",
     "add_core_arguments": "zerotrain.add_config_arguments(parser) adds --deepspeed and --deepspeed_config",
     "runtime.data_pipeline.data_sampling.data_sampler": "the sampling curriculum is the config's data_efficiency "
@@ -49,7 +52,6 @@ REFUSED = {
                                                       "class: zerotrain.data_efficiency.convert_to_random_ltd",
     "runtime.data_pipeline.data_routing.utils": "random-LTD's gather and scatter are "
                                                 "zerotrain.data_efficiency.random_ltd.gather_tokens / scatter_tokens",
-    "runtime.zero.offload_config": "offload is the config's zero_optimization.offload_* blocks",
     "runtime.zero.partition_parameters": "use zerotrain.zero.Init and zerotrain.zero.GatheredParameters; "
                                          "parameters carry no ds_* attributes",
     "runtime.pipe": "use zerotrain.pipe (PipelineModule, LayerSpec, TiedLayerSpec, ProcessTopology)",

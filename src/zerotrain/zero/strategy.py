@@ -31,6 +31,7 @@ from ..config.zero import DEFAULT_BUCKET_NUMEL
 from .averaging import Averaging, attach_and_scale, plan_averaging
 from .offload.blockwise_optimizer import BlockwiseOptimizer, MasterGroup
 from .offload.placement import OptimizerOffload
+from .offload.states import EngineStates
 from .offload.step_behind import StepBehind, settled
 
 log = logging.getLogger("zerotrain")
@@ -228,6 +229,11 @@ class ZeroStrategy(ABC):
     def release_gathered(self) -> None:
         """Release every parameter gathered whole, the persistent ones too (stage 3; the next
         forward gathers what it needs). Stages 0-2 keep parameters whole: nothing to do."""
+
+    def state_mover(self, optimizer, module: torch.nn.Module, zero) -> EngineStates:
+        """What engine.offload_states / reload_states act through (offload/states.py): this
+        stage's buffers, the optimizer's state and the module's views of them."""
+        return EngineStates(self, optimizer, module, zero)
 
     def sharded_param_ids(self) -> set[int]:
         """Parameters that exist only as per-rank shards (saved with the strategy state)."""
