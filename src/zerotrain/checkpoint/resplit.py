@@ -97,6 +97,10 @@ class SavedSplit:
                 self.holder.setdefault(name, si)
             self.states = self.states if si else states[0]  # counters, schedule, features: the first's
         self.aliases = {k: v for stage in self.stages for k, v in stage[0].aliases.items()}
+        self.for_split(new_split)
+
+    def for_split(self, new_split: dict | None) -> None:
+        """This rank's new tensor split (None: whole), which the pieces are cut for."""
         self.new = (new_split or {}).get("split") or {}
         self.new_size, self.new_rank = ((new_split or {}).get("size") or 1), ((new_split or {}).get("rank") or 0)
         self._entry_from: dict[int, tuple[SavedState, int]] = {}
@@ -115,6 +119,23 @@ class SavedSplit:
 
     def frozen(self) -> set[str]:
         return {n for stage in self.stages for n in stage[0].frozen}
+
+    def order(self) -> list[str]:
+        """Every trained parameter in the pipeline's layer order: "<layer>.<name>" by its layer,
+        a tied key's at the first layer using it (recorded by the pipeline as "tied_layers")."""
+        record = self.states.get("pipeline") or {}
+        tied, parts = record.get("tied_layers") or {}, record.get("parts") or [0]
+        names = list(self.shapes())
+        position = {n: i for i, n in enumerate(names)}
+
+        def layer(name: str) -> int:
+            head, _, rest = name.partition(".")
+            if head.isdigit():
+                return int(head)
+            key = rest.partition(".")[0]
+            return int(tied.get(key, parts[min(self.holder.get(name, 0), len(parts) - 1)]))
+
+        return sorted(names, key=lambda n: (layer(n), position[n]))
 
     def knows(self, name: str) -> bool:
         return name in self.holder or any(name in v for v in self.aliases.values())
