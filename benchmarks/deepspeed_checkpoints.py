@@ -2,7 +2,8 @@
 
     python benchmarks/deepspeed_checkpoints.py                  # the matrix, into runs/ds-checkpoints/
     python benchmarks/deepspeed_checkpoints.py --universal      # the universal-checkpoint matrix
-    python benchmarks/deepspeed_checkpoints.py --fixture DIR    # one case, as the test fixture
+    python benchmarks/deepspeed_checkpoints.py --pipeline       # DeepSpeed's pipeline folders
+    python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline]   # one case, as a test fixture
 
 DeepSpeed 0.19.8 runs in its own venv (benchmarks/.ds-venv, made as compare_zero.py makes it).
 Each case is a torchrun job in that venv: a tiny GPT (zerotrain's own model code, so the
@@ -23,8 +24,15 @@ Cases: ranks 1, 2 x ZeRO stage 1, 2, 3 x fp32, bf16.
                              `zerotrain convert --to deepspeed-universal` writes it out, and
                              DeepSpeed resumes that with "load_universal"
 every resume's next losses against DeepSpeed's resume of global_stepK (within 1e-5 relative).
+
+`--pipeline` (ZeRO 1, 0 x fp32, bf16): DeepSpeed's PipelineModule engine on 2 stages (a GPT of
+pipeline layers, tied embedding) saves `layer_*` files and one `mp_rank_SS` set per stage;
+zerotrain resumes it on 2 stages (the same ZeRO stage and the other), on 1 stage (1 process,
+and 2 data ranks) and as a plain model of the same layers (checkpoint/pipe_names.py). A case
+DeepSpeed itself cannot run is recorded with DeepSpeed's error.
+
 Results (--results DIR): docs/results/deepspeed_checkpoints/matrix.{json,md,log} for the matrix,
-universal.{json,md,log} for --universal.
+universal.* for --universal, pipeline.* for --pipeline.
 """
 
 from __future__ import annotations
@@ -412,6 +420,8 @@ def main() -> None:
     p.add_argument("--save-zt", help=argparse.SUPPRESS)
     p.add_argument("--expected", help=argparse.SUPPRESS)
     p.add_argument("--universal", action="store_true", help="the universal-checkpoint matrix (both directions)")
+    p.add_argument("--pipeline", action="store_true", help="the pipeline-checkpoint matrix (with --fixture: a "
+                   "pipeline fixture)")
     p.add_argument("--ds-venv", help="DeepSpeed's venv (default benchmarks/.ds-venv)")
     p.add_argument("--results", default=str(HERE.parent / "docs" / "results" / "deepspeed_checkpoints"))
     p.add_argument("--stage", type=int, default=2)
@@ -422,7 +432,8 @@ def main() -> None:
     p.add_argument("--after", type=int, default=3, help="steps after it")
     p.add_argument("--precisions", default="fp32,bf16", help="of fp32, bf16, fp16 (fp16 needs a device DeepSpeed "
                    "computes fp16 on)")
-    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16) into this folder")
+    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16; --pipeline: 2 stages, ZeRO 1, fp32) "
+                   "into this folder")
     p.add_argument("--out-dir", default=str(HERE.parent / "runs" / "ds-checkpoints"))
     args = p.parse_args()
     if args.worker:
@@ -445,12 +456,27 @@ def main() -> None:
     if args.fixture:
         folder = Path(args.fixture)
         shutil.rmtree(folder, ignore_errors=True)
-        deepspeed_case(python, 2, "bf16", 2, folder, args.before, args.after)
+        if args.pipeline:  # 2 pipeline stages, ZeRO 1, fp32
+            folder.mkdir(parents=True)
+            deepspeed_job(python, "--pipe-worker", 2, folder / "expected.json", "--stage", 1, "--precision", "fp32",
+                          "--save", folder, "--before", args.before, "--after", args.after)
+        else:
+            deepspeed_case(python, 2, "bf16", 2, folder, args.before, args.after)
         for script in folder.glob("*.py"):  # DeepSpeed's own scripts, which it copies beside its checkpoints
             script.unlink()
         return
     if args.universal:
         return universal_matrix(python, args)
+    if args.pipeline:
+        rows = pipe_matrix(python, args)
+        exp = json.loads((Path(args.out_dir) / "pipe2-stage1-fp32" / "expected.json").read_text())
+        return write_results(args, "pipeline", exp, rows, "`python benchmarks/deepspeed_checkpoints.py --pipeline`: "
+                             "DeepSpeed {deepspeed} (torch {torch}, CPU, gloo) trains a GPT of pipeline layers {model} "
+                             "with its PipelineModule engine on 2 stages for {k} steps and saves (`layer_*` files, one "
+                             "`mp_rank_SS` per stage); zerotrain resumes the folder on a pipeline of 2 stages, of 1 "
+                             "stage (1 process, and 2 data ranks), and as a plain model of the same layers, and trains "
+                             "the next {n} steps, compared with DeepSpeed's own resume of the folder (max relative "
+                             "difference of the step's loss).")
     matrix(python, args)
 
 

@@ -93,11 +93,16 @@ def test_data2_tensor2_resumes_on_data4_at_stage3(world4, tmp_path):
 
 def test_two_pipeline_stages_resume_in_one_process(world2, tmp_path):
     """Stage files hold layers by their index; one process holds them all (the tied embedding
-    once). Curriculum and progressive layer drop counters carry over too."""
+    once), as a one-stage pipeline or as a plain model of the same layers (read in layer order).
+    Curriculum and progressive layer drop counters carry over too."""
     full = world2.run(ps.pipeline_run, ps.config(4, 1, 1), 5, num_stages=2, save=(str(tmp_path), 3))
     resumed = ps.pipeline_run(ps.config(4, 1, 0), 5, num_stages=1, load=str(tmp_path))
     assert relative(resumed["losses"], full[0]["losses"][3:]) <= 1e-5
     assert resumed["seqlens"] == full[0]["seqlens"][3:]
+    plain = ps.reference_run(ps.config(4, 1, 1), 5, load=str(tmp_path))
+    assert relative(plain["losses"], full[0]["losses"][3:]) <= 1e-5
+    assert plain["tokens"] == full[0]["tokens"][3:]
+    assert_params_close(plain["params"], ps.to_reference_names(full[0]["params"] | full[1]["params"]), rtol=1e-5)
 
 
 def offload(stage: int, device: str, nvme_path: str) -> dict:

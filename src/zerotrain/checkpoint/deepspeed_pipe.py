@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .deepspeed import LAYER, DeepSpeedState, check_version, load_ds_file, model_file
-from .resplit import SavedSplit
+from .resplit import SavedSplit, by_layer
 
 TIED = "tied_modules."
 
@@ -107,10 +107,9 @@ class DeepSpeedPipeline(SavedSplit):
     def frozen(self) -> set[str]:
         return set()
 
-    def order(self) -> list[str]:
-        """Every parameter in the pipeline's layer order (a tied layer where its file is)."""
-        names = list(self.shapes())
-        return sorted(names, key=lambda n: (self.layer_of[n], names.index(n)))
+    def layers(self) -> list[list[str]]:
+        """The parameters by pipeline layer, in layer order (a tied layer where its file is)."""
+        return by_layer(self.shapes(), self.layer_of.__getitem__)
 
     # ---- the engine's counters and the rest: the first stage's ---------------------------------
     def counters(self) -> dict:

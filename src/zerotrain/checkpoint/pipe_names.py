@@ -3,14 +3,16 @@
 A pipeline names its parameters by layer ("2.attn.qkv.weight", "tied_modules.embed.weight"),
 a plain model by its own attributes ("blocks.0.attn.qkv.weight", "wte.weight"). A model made
 of the same layers in the same order (zerotrain's GPT and BERT, an HF decoder, a module list
-of the layers) holds the same parameters in the same order, so the two are paired in order:
+of the layers) holds each layer's parameters one after another in that order, so the layers
+are paired in order and, within a layer, each parameter by the longest tail of its name that
+picks one of the layer's:
 
-    checkpoint, in layer order     tied_modules.embed.weight  1.pos.weight  2.ln_1.weight ...
-    this model, named_parameters   embed.weight               pos.pos.weight  blocks.0.ln_1.weight ...
+    checkpoint, by layer    [tied_modules.embed.weight] [1.pos.weight]   [2.ln_1.weight, 2.attn.qkv.weight ...]
+    this model, in order    [embed.weight]              [pos.pos.weight] [blocks.0.ln_1.weight, blocks.0.attn.qkv.weight ...]
 
-(a tied layer counted once, where it is first used). Every pair must agree in shape and in
-its last name part (weight, bias): otherwise the model is another one, and the first pair that
-differs is named. A model whose names are the pipeline's own is read by name.
+(a tied layer counted once, where it is first used). Shapes must agree: a pair that does not,
+or a parameter that finds none, is named in one line. A model whose names are the pipeline's
+own is read by name.
 """
 
 from __future__ import annotations
@@ -18,20 +20,41 @@ from __future__ import annotations
 from ..errors import CheckpointError
 
 
-def plain_names(path, order: list[str], shapes: dict[str, tuple], model: list[tuple[str, tuple]]) -> dict[str, str]:
+def _local(name: str) -> list[str]:
+    """A pipeline name's parts within its layer ("2.attn.qkv.weight" -> attn, qkv, weight)."""
+    parts = name.split(".")
+    return parts[2:] if parts[0] == "tied_modules" else parts[1:]
+
+
+def plain_names(path, layers: list[list[str]], shapes: dict[str, tuple],
+                model: list[tuple[str, tuple]]) -> dict[str, str]:
     """This model's parameter name -> the checkpoint's, for `model` ((name, shape) in
-    named_parameters order) and the checkpoint's parameters in layer `order`."""
+    named_parameters order) and the checkpoint's parameters grouped by layer, in layer order."""
     if all(name in shapes for name, _ in model):
         return {name: name for name, _ in model}
-    if len(order) != len(model):
-        raise CheckpointError(f"{path} is a pipeline checkpoint of {len(order)} parameters, this model has "
-                              f"{len(model)}; it is of another model: load it into the model that wrote it")
-    for (name, shape), old in zip(model, order):
-        if tuple(shape) != tuple(shapes[old]) or name.rsplit(".", 1)[-1] != old.rsplit(".", 1)[-1]:
-            raise CheckpointError(f"{path} is a pipeline checkpoint of another model: in layer order its {old} "
-                                  f"{list(shapes[old])} meets this model's {name} {list(shape)}; a plain model loads "
-                                  "it when its parameters come in the pipeline's layer order with the same shapes")
-    return {name: old for (name, _), old in zip(model, order)}
+    count = sum(len(names) for names in layers)
+    if count != len(model):
+        raise CheckpointError(f"{path} is a pipeline checkpoint of {count} parameters, this model has {len(model)}; "
+                              "it is of another model: load it into the model that wrote it")
+    out, start = {}, 0
+    for names in layers:
+        window = dict(model[start : start + len(names)])
+        start += len(names)
+        for old in names:
+            local, match = _local(old), None
+            for k in range(len(local)):
+                tail = ".".join(local[k:])
+                found = [n for n in window if n not in out and (n == tail or n.endswith("." + tail))]
+                if len(found) == 1:
+                    match = found[0]
+                    break
+            if match is None or tuple(window[match]) != tuple(shapes[old]):
+                there = f"{match} {list(window[match])}" if match else f"none of {', '.join(list(window)[:4])}"
+                raise CheckpointError(f"{path} is a pipeline checkpoint of another model: its {old} "
+                                      f"{list(shapes[old])} meets this model's {there} in layer order; a plain model "
+                                      "loads it when it holds the same layers in the same order")
+            out[match] = old
+    return out
 
 
 class Renamed:

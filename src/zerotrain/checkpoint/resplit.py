@@ -66,6 +66,14 @@ def cut_piece(read, shape: list[int], dim: int, parts: int, old_size: int, new_s
     return out.reshape(-1)
 
 
+def by_layer(names, layer) -> list[list[str]]:
+    """`names` grouped by `layer(name)`, the groups in layer order."""
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(layer(name), []).append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
 def check_divides(name: str, shape: list[int], dim: int, parts: int, size: int) -> None:
     if shape[dim] % (parts * size):
         per = f" ({parts} fused parts of {shape[dim] // parts})" if parts > 1 else ""
@@ -120,22 +128,19 @@ class SavedSplit:
     def frozen(self) -> set[str]:
         return {n for stage in self.stages for n in stage[0].frozen}
 
-    def order(self) -> list[str]:
-        """Every trained parameter in the pipeline's layer order: "<layer>.<name>" by its layer,
-        a tied key's at the first layer using it (recorded by the pipeline as "tied_layers")."""
+    def layers(self) -> list[list[str]]:
+        """The trained parameters by pipeline layer, in layer order: "<layer>.<name>" in its
+        layer, a tied key's in the first layer using it (the pipeline's "tied_layers")."""
         record = self.states.get("pipeline") or {}
         tied, parts = record.get("tied_layers") or {}, record.get("parts") or [0]
-        names = list(self.shapes())
-        position = {n: i for i, n in enumerate(names)}
 
         def layer(name: str) -> int:
             head, _, rest = name.partition(".")
             if head.isdigit():
                 return int(head)
-            key = rest.partition(".")[0]
-            return int(tied.get(key, parts[min(self.holder.get(name, 0), len(parts) - 1)]))
+            return int(tied.get(rest.partition(".")[0], parts[min(self.holder.get(name, 0), len(parts) - 1)]))
 
-        return sorted(names, key=lambda n: (layer(n), position[n]))
+        return by_layer(self.shapes(), layer)
 
     def knows(self, name: str) -> bool:
         return name in self.holder or any(name in v for v in self.aliases.values())

@@ -79,7 +79,7 @@ def load_resplit(engine, path: Path, strict: bool, load_optimizer_states: bool, 
     model_states = saved.states
     layout = engine.strategy.layout(_param_names(engine.module))
     if "pipeline" in model_states and "pipeline" not in engine.checkpoint_extras():  # a plain model: by layer order
-        saved = Renamed(saved, plain_names(path, saved.order(), saved.shapes(), plain_shapes(engine, layout)))
+        saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
     with _applying(path, "*model_states.pt"):
         check_gathered_model(engine, path, saved, layout)
         held = _layout_names(engine, layout)

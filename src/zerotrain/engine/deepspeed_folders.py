@@ -77,7 +77,7 @@ def _pipeline_folder(engine, path, layout: dict, strict: bool):
     with _applying(path, "layer_*-model_states.pt"):
         saved = DeepSpeedPipeline(path)
         if "pipeline" not in engine.checkpoint_extras():
-            saved = Renamed(saved, plain_names(path, saved.order(), saved.shapes(), plain_shapes(engine, layout)))
+            saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
         check_gathered_model(engine, path, saved, layout)
         held = _layout_names(engine, layout)
         mine = {k: v for k, v in engine.module.state_dict().items() if k not in held and saved.knows(k)}
