@@ -3,6 +3,7 @@
     python benchmarks/deepspeed_checkpoints.py                  # the matrix, into runs/ds-checkpoints/
     python benchmarks/deepspeed_checkpoints.py --universal      # the universal-checkpoint matrix
     python benchmarks/deepspeed_checkpoints.py --pipeline       # DeepSpeed's pipeline folders
+    python benchmarks/deepspeed_checkpoints.py --autotp         # DeepSpeed's AutoTP training, tried
     python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline]   # one case, as a test fixture
 
 DeepSpeed 0.19.8 runs in its own venv (benchmarks/.ds-venv, made as compare_zero.py makes it).
@@ -353,6 +354,46 @@ def pipe_matrix(python: Path, args) -> list[dict]:
     return rows
 
 
+def autotp_worker(args) -> None:
+    """DeepSpeed's AutoTP training (tensor_parallel.autotp_size 2, ZeRO 1) of the GPT, as it is
+    and under a class name AutoTP's parser accepts: a step and a save, or the error each gives."""
+    import traceback
+
+    import torch
+
+    torch.set_num_threads(1)
+    import deepspeed
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = dict(ds_config(1, "fp32", 2), tensor_parallel={"autotp_size": 2})
+
+    class TinyGPTModel(torch.nn.Module):  # AutoTP reads the model's kind from "<Name>Model"
+        def __init__(self):
+            super().__init__()
+            self.gpt = model()
+
+        def forward(self, x, labels=None):
+            return self.gpt(x, labels=labels)
+
+    tries = {}
+    for label, build in (("zerotrain's GPT", model), ("the GPT inside a class TinyGPTModel", TinyGPTModel)):
+        try:
+            engine, *_ = deepspeed.initialize(model=build(), config=cfg, model_parameters=None)
+            x = batch(0)[:2]
+            engine.backward(engine(x, labels=x))
+            engine.step()
+            engine.save_checkpoint(str(Path(args.save) / label.split()[-1]))
+            tries[label] = "trained a step and saved"
+        except Exception as err:  # what DeepSpeed says, recorded as it is
+            frame = traceback.extract_tb(err.__traceback__)[-1]
+            where = f"{Path(frame.filename).relative_to(Path(deepspeed.__file__).parent)}:{frame.lineno}"
+            tries[label] = f"{type(err).__name__}: {err} (deepspeed/{where})"
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                                              "config": cfg, "tries": tries}, indent=1))
+
+
 def deepspeed_job(python: Path, mode: str, nproc: int, out: Path, *extra) -> dict:
     """A torchrun job of this script in DeepSpeed's venv; its json output."""
     from common import DS_VENV, free_port, venv_env
@@ -415,6 +456,9 @@ def main() -> None:
     p.add_argument("--zerotrain", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ds-universal", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--pipe-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--autotp-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--autotp", action="store_true", help="try DeepSpeed's AutoTP training on CPU (a tensor-parallel "
+                   "folder); record what DeepSpeed says")
     p.add_argument("--pipe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stages", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--save-zt", help=argparse.SUPPRESS)
@@ -444,6 +488,8 @@ def main() -> None:
         return universal_worker(args)
     if args.pipe_worker:
         return pipe_worker(args)
+    if args.autotp_worker:
+        return autotp_worker(args)
     import common
     from compare_zero import ensure_deepspeed
 
@@ -467,6 +513,20 @@ def main() -> None:
         return
     if args.universal:
         return universal_matrix(python, args)
+    if args.autotp:
+        folder = Path(args.out_dir) / "autotp"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        data = deepspeed_job(python, "--autotp-worker", 2, folder / "autotp.json", "--save", folder)
+        out = Path(args.results)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "autotp.json").write_text(json.dumps(data, indent=1))
+        lines = [f"`python benchmarks/deepspeed_checkpoints.py --autotp`: DeepSpeed {data['deepspeed']} (torch "
+                 f"{data['torch']}, CPU, gloo, 2 processes), `tensor_parallel.autotp_size` 2 at ZeRO 1, one training "
+                 "step and `save_checkpoint`:", "", "| model | DeepSpeed |", "|---|---|"]
+        lines += [f"| {label} | {said} |" for label, said in data["tries"].items()]
+        (out / "autotp.md").write_text("\n".join(lines) + "\n")
+        return print("\n".join(lines))
     if args.pipeline:
         rows = pipe_matrix(python, args)
         exp = json.loads((Path(args.out_dir) / "pipe2-stage1-fp32" / "expected.json").read_text())
