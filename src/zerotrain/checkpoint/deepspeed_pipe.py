@@ -56,8 +56,9 @@ class DeepSpeedPipeline(SavedSplit):
                                                  for s in range(1, count)]
         if any(not s for s in shapes):
             raise CheckpointError(f"{path}: a DeepSpeed pipeline checkpoint without the names of its stages' "
-                                  "parameters (param_shapes: DeepSpeed writes them with ZeRO stage 1 or bf16); "
-                                  "zerotrain reads those")
+                                  "parameters (param_shapes: DeepSpeed writes them at ZeRO stage 1, not 0); "
+                                  "zerotrain reads ZeRO stage 1 ones: resume the run in DeepSpeed at ZeRO stage 1 "
+                                  "and save again")
         self.stage_shapes = [{n: tuple(v) for group in s for n, v in group.items()} for s in shapes]
         module = self._layer_weights()
         self.stages = [[DeepSpeedState(path, list(names), mp=s, module=module)]
