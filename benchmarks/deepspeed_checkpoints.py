@@ -334,7 +334,8 @@ def pipe_matrix(python: Path, args) -> list[dict]:
                     (folder / "expected.json").exists() else deepspeed_job(python, "--pipe-worker", 2, folder / "expected.json", "--stage", stage,
                                     "--precision", precision, "--save", folder, "--before", k, "--after", n)
             except SystemExit as err:  # DeepSpeed itself refuses this combination: recorded as it said
-                last = [line for line in str(err).splitlines() if "Error" in line][-1:] or [str(err)[-300:]]
+                said = [line for line in str(err).splitlines() if line.startswith("[rank0]:") and "Error:" in line]
+                last = [said[-1][len("[rank0]:"):]] if said else [str(err)[-300:]]
                 rows.append({"deepspeed_stage": stage, "deepspeed_ranks": "2 pipeline stages x 1",
                              "precision": precision, "run": "DeepSpeed's own run", "relative": float("nan"),
                              "note": f"DeepSpeed failed: {last[0].strip()}"})
