@@ -1,7 +1,8 @@
 """Folders DeepSpeed wrote, loaded into this engine: its `global_stepN/` checkpoints
-(checkpoint/deepspeed.py) and its universal checkpoints (checkpoint/universal.py), on this run's
-own ZeRO stage and data-parallel size, through the same relayout as zerotrain's own
-checkpoints (checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
+(checkpoint/deepspeed.py; its pipeline engine's, checkpoint/deepspeed_pipe.py) and its universal
+checkpoints (checkpoint/universal.py), on this run's own ZeRO stage, data-parallel size and
+pipeline (or none), through the same relayout as zerotrain's own checkpoints
+(checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ log = logging.getLogger("zerotrain")
 
 def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
                    load_module_only: bool, reader=DeepSpeedState):
-    """A DeepSpeed tag folder (checkpoint/deepspeed.py) or universal folder (checkpoint/universal.py,
-    `reader` UniversalState) into this engine, on its own stage and data-parallel size: weights,
-    fp32 masters, optimizer state, counters, LR schedule, loss scale."""
+    """A DeepSpeed tag folder (checkpoint/deepspeed.py; a pipeline one: _pipeline_folder) or
+    universal folder (checkpoint/universal.py, `reader` UniversalState) into this engine, on its
+    own stage and data-parallel size: weights, fp32 masters, optimizer state, counters, LR
+    schedule, loss scale."""
     shard = engine.strategy.comm
     layout = engine.strategy.layout(_param_names(engine.module))
     states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
