@@ -65,24 +65,25 @@ def gpt_loss(out, labels):
     return F.cross_entropy(out.flatten(0, 1).float(), targets.flatten())
 
 
-def layer_specs(poison: bool = False):
+def layer_specs(poison: bool = False, vocab: int = VOCAB, seq: int = SEQ, embd: int = EMBD, layers: int = LAYERS):
+    """(Other sizes: the DeepSpeed-written pipeline fixture's model, tests/fixtures/deepspeed_pipe2_zero1.)"""
     from zerotrain.models.block import PreLNBlock
     from zerotrain.pipe import LayerSpec, TiedLayerSpec
 
-    return ([TiedLayerSpec("embed", TokenEmbed, VOCAB, EMBD), LayerSpec(AddPositions, SEQ, EMBD)]
+    return ([TiedLayerSpec("embed", TokenEmbed, vocab, embd), LayerSpec(AddPositions, seq, embd)]
             + ([LayerSpec(Poison)] if poison else [])
-            + [LayerSpec(PreLNBlock, EMBD, 2, 0.0, False) for _ in range(LAYERS)]
-            + [LayerSpec(FinalNorm, EMBD, bias=False), TiedLayerSpec("embed", TokenEmbed, VOCAB, EMBD, forward_fn=logits)])
+            + [LayerSpec(PreLNBlock, embd, 2, 0.0, False) for _ in range(layers)]
+            + [LayerSpec(FinalNorm, embd, bias=False), TiedLayerSpec("embed", TokenEmbed, vocab, embd, forward_fn=logits)])
 
 
 class Reference(nn.Module):
     """The same layers, seeded as PipelineModule(seed_layers=True) seeds them, as one model."""
 
-    def __init__(self):
+    def __init__(self, **sizes):
         super().__init__()
         from zerotrain.features.layer_drop import LayerDrop
 
-        specs = layer_specs()
+        specs = layer_specs(**sizes)
         built = []
         for idx, spec in enumerate(specs[:-1]):
             torch.manual_seed(BASE_SEED + idx)
@@ -135,14 +136,17 @@ def config(global_size: int, micro: int, stage: int = 0, curriculum: bool = True
     return cfg
 
 
-def reference_run(cfg: dict, steps: int) -> dict:
+def reference_run(cfg: dict, steps: int, load: str | None = None) -> dict:
+    """`load`: a checkpoint to continue from (a pipeline's too: read in layer order)."""
     import zerotrain
     from zerotrain.features.engine_methods import tokens_consumed
 
     engine, *_ = zerotrain.initialize(model=Reference(), config=cfg)
+    if load is not None:
+        engine.load_checkpoint(load)
     micro, ga = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     losses, norms, tokens = [], [], []
-    for step in range(steps):
+    for step in range(engine.global_steps, steps):
         batch = global_batch(step, micro * ga)
         total = 0.0
         for m in range(ga):

@@ -70,6 +70,37 @@ def test_a_checkpoint_of_another_model_names_what_differs(tmp_path):
     engine.destroy()
 
 
+@pytest.mark.parametrize("source", ["zerotrain", "deepspeed"])
+def test_another_count_of_param_groups_is_one_line(tmp_path, source):
+    """Param groups pair with the checkpoint's in order: one group saved, two now (weight decay
+    split), from zerotrain's checkpoint on the same layout and from DeepSpeed's fixture (read
+    through the relayout)."""
+    import json
+    from pathlib import Path
+
+    import zerotrain
+    from scenarios import tiny_gpt
+    from zerotrain.models import GPT, GPTConfig
+
+    if source == "zerotrain":
+        train(cfg(1), 1, 4, save=(str(tmp_path), 1))
+        model, config, folder = tiny_gpt(), cfg(1), str(tmp_path)
+    else:
+        fixture = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed_zero2_bf16_2ranks"
+        expected = json.loads((fixture / "expected.json").read_text())
+        spec = {k: v for k, v in expected["model"].items() if k != "seed"}
+        model, folder = GPT(GPTConfig(**spec)), str(fixture)
+        config = dict(expected["config"], train_micro_batch_size_per_gpu=4)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() > 1]},
+              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    engine, *_ = zerotrain.initialize(model=model, model_parameters=groups, config=config)
+    with pytest.raises(Exception, match=r"its optimizer has 1 parameter group\(s\), this run's has 2; give the "
+                                        r"optimizer the same param groups"):
+        engine.load_checkpoint(folder)
+    engine.destroy()
+
+
 def test_a_missing_rank_file_is_named(world2, tmp_path):
     world2.run(train, cfg(1), 1, 4, save=(str(tmp_path), 1))
     folder = tmp_path / "global_step1"
@@ -93,11 +124,16 @@ def test_data2_tensor2_resumes_on_data4_at_stage3(world4, tmp_path):
 
 def test_two_pipeline_stages_resume_in_one_process(world2, tmp_path):
     """Stage files hold layers by their index; one process holds them all (the tied embedding
-    once). Curriculum and progressive layer drop counters carry over too."""
+    once), as a one-stage pipeline or as a plain model of the same layers (read in layer order).
+    Curriculum and progressive layer drop counters carry over too."""
     full = world2.run(ps.pipeline_run, ps.config(4, 1, 1), 5, num_stages=2, save=(str(tmp_path), 3))
     resumed = ps.pipeline_run(ps.config(4, 1, 0), 5, num_stages=1, load=str(tmp_path))
     assert relative(resumed["losses"], full[0]["losses"][3:]) <= 1e-5
     assert resumed["seqlens"] == full[0]["seqlens"][3:]
+    plain = ps.reference_run(ps.config(4, 1, 1), 5, load=str(tmp_path))
+    assert relative(plain["losses"], full[0]["losses"][3:]) <= 1e-5
+    assert plain["tokens"] == full[0]["tokens"][3:]
+    assert_params_close(plain["params"], ps.to_reference_names(full[0]["params"] | full[1]["params"]), rtol=1e-5)
 
 
 def offload(stage: int, device: str, nvme_path: str) -> dict:

@@ -93,3 +93,78 @@ def test_wrong_deepspeed_input_is_one_line(tmp_path):
     with pytest.raises(Exception, match=r"refused to unpickle shutil.rmtree"):
         resume(str(folder), 2)
     assert (tmp_path / "victim").is_dir()
+
+
+# ---- a DeepSpeed pipeline folder (tests/fixtures/deepspeed_pipe2_zero1: 2 stages, ZeRO 1) ---------
+PIPE = FIXTURE.parent / "deepspeed_pipe2_zero1"
+PIPE_EXPECTED = json.loads((PIPE / "expected.json").read_text())
+SIZES = {"vocab": 32, "seq": 8, "embd": 16, "layers": 2}  # the fixture's model
+
+
+def resume_pipeline(folder: str, stages: int, **sizes) -> dict:
+    """zerotrain loads the folder into a PipelineModule of `stages` stages (0: a plain model of
+    the same layers, pipe_scenarios.Reference) and trains DeepSpeed's next steps."""
+    import zerotrain
+    from pipe_scenarios import Reference, gpt_loss, layer_specs
+    from zerotrain.pipe import PipelineModule
+
+    sizes = dict(SIZES, **sizes)
+    torch.manual_seed(1)  # other initial weights than DeepSpeed's: the checkpoint must replace them
+    if stages:
+        model = PipelineModule(layer_specs(**sizes), num_stages=stages, loss_fn=gpt_loss,
+                               partition_method="type:PreLNBlock")
+    else:
+        model = Reference(**sizes)
+    engine, *_ = zerotrain.initialize(model=model, config=PIPE_EXPECTED["config"])
+    path, client = engine.load_checkpoint(folder)
+    losses, start = [], engine.global_steps
+    for step in range(start, start + len(PIPE_EXPECTED["next_losses_resumed"])):
+        g = torch.Generator().manual_seed(1000 + step)
+        rows = torch.randint(0, sizes["vocab"], (4, sizes["seq"]), generator=g)
+        pairs = [(rows[i : i + 1], rows[i : i + 1]) for i in range(4)]
+        if stages:
+            losses.append(engine.train_batch(iter(pairs)).item())
+            continue
+        total = 0.0
+        for x, y in pairs:
+            loss = engine(x, labels=y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / 4
+        losses.append(total)
+    engine.destroy()
+    return {"start": start, "losses": losses, "client": client}
+
+
+def pipe_relative(losses: list[float]) -> float:
+    want = PIPE_EXPECTED["next_losses_resumed"]
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+
+
+def test_deepspeed_pipeline_checkpoint_continues_on_any_stage_count_and_as_a_plain_model(world2):
+    """DeepSpeed's layer_* files and per-stage optimizer files: on 2 stages as DeepSpeed had, on
+    1 stage, and into a plain model of the same layers (paired in layer order)."""
+    two = world2.run(resume_pipeline, str(PIPE), 2)
+    assert [r["start"] for r in two] == [PIPE_EXPECTED["k"]] * 2
+    assert two[0]["client"] == {"run": "deepspeed_checkpoints.py", "k": PIPE_EXPECTED["k"]}
+    assert pipe_relative(two[0]["losses"]) <= 1e-5
+    for stages in (1, 0):
+        assert pipe_relative(resume_pipeline(str(PIPE), stages)["losses"]) <= 1e-5
+
+
+def test_wrong_deepspeed_pipeline_input_is_one_line(tmp_path):
+    folder = tmp_path / "pipe"
+    shutil.copytree(PIPE, folder)
+    step = folder / "global_step3"
+    with pytest.raises(Exception, match=r"pipeline checkpoint of 15 parameters, this model has 21; it is of another "
+                                        r"model"):
+        resume_pipeline(str(folder), 0, layers=3)
+    with pytest.raises(Exception, match=r"checkpoint of another model: 1.pos.weight \[8, 16\] there, \[8, 24\] here"):
+        resume_pipeline(str(folder), 1, embd=24)
+    (step / "layer_03-model_states.pt").rename(tmp_path / "layer_03.pt")
+    with pytest.raises(Exception, match=r"no layer_\*-model_states.pt file holds 3.fc.weight \(6 parameter"):
+        resume_pipeline(str(folder), 1)
+    (tmp_path / "layer_03.pt").rename(step / "layer_03-model_states.pt")
+    (step / "mp_rank_01_model_states.pt").unlink()
+    with pytest.raises(Exception, match=r"mp_rank_01_model_states.pt is missing \(2 pipeline stages wrote"):
+        resume_pipeline(str(folder), 1)

@@ -43,7 +43,16 @@ from .reshard import SavedState
 READ_VERSIONS = ("0.19.",)
 MODEL_FILE = "mp_rank_00_model_states.pt"
 _ZERO3_MODEL = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt")
-_OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt")
+LAYER = re.compile(r"layer_(\d+)(-model_\d+)?-model_states\.pt")  # a pipeline's layer (model_NN: a tensor rank)
+
+
+def model_file(mp: int) -> str:
+    """Model-parallel rank mp's model states (stages 0-2); a pipeline's stage s is mp rank s."""
+    return f"mp_rank_{mp:02d}_model_states.pt"
+
+
+def _optim_pattern(mp: int) -> re.Pattern:
+    return re.compile(rf"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_{mp:02d}_optim_states\.pt")
 # what DeepSpeed itself keeps in model_states; anything else there is the user's client_state
 _OWN_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
              "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
@@ -135,16 +144,16 @@ def deepspeed_folder(load_dir, tag=None) -> Path | None:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def _check_version(path: Path, states: dict) -> None:
+def check_version(path: Path, states: dict) -> None:
     version = str(states.get("ds_version", "unknown"))
     if not version.startswith(READ_VERSIONS):
         raise CheckpointError(f"{path}: written by DeepSpeed {version}; zerotrain reads the checkpoint format of "
                               f"DeepSpeed {', '.join(v + 'x' for v in READ_VERSIONS)}. Convert it with that "
                               "DeepSpeed's zero_to_fp32.py and load the weights with --init_from")
-    if int(states.get("mp_world_size", 1) or 1) != 1 or \
-            any(f.name.startswith("layer_") for f in path.iterdir()):
-        raise CheckpointError(f"{path}: a DeepSpeed checkpoint with tensor or pipeline parallelism; zerotrain reads "
-                              "data-parallel (ZeRO 0-3) ones")
+    layers = [m for f in path.iterdir() if (m := LAYER.fullmatch(f.name))]
+    if any(m.group(2) for m in layers) or (not layers and int(states.get("mp_world_size", 1) or 1) != 1):
+        raise CheckpointError(f"{path}: a DeepSpeed checkpoint with tensor parallelism (mp_rank_01 or layer_NN-model_01 "
+                              "files); zerotrain reads data-parallel (ZeRO 0-3) and pipeline ones")
 
 
 def _rank_files(path: Path, pattern: re.Pattern, ranks: int, what: str) -> list[Path]:
@@ -159,25 +168,30 @@ def _rank_files(path: Path, pattern: re.Pattern, ranks: int, what: str) -> list[
 class DeepSpeedState(SavedState):
     """A DeepSpeed checkpoint's per-element state, read by (parameter name, element range)."""
 
-    def __init__(self, path: Path, names: list[str]):
+    def __init__(self, path: Path, names: list[str], mp: int = 0, module: dict | None = None):
+        """mp: the model-parallel rank (a pipeline stage) whose files to read; module: its weights
+        by name where model_states holds none (a pipeline's layer files)."""
         self.path = path
         self.names = names  # this model's trainable parameters, in order (DeepSpeed's stage-0 indices)
         zero3 = sorted(f.name for f in path.iterdir() if _ZERO3_MODEL.fullmatch(f.name))
-        self.states = load_ds_file(path / (MODEL_FILE if (path / MODEL_FILE).is_file() else zero3[0]))
-        _check_version(path, self.states)
+        self.states = load_ds_file(path / (model_file(mp) if (path / model_file(mp)).is_file() or not zero3
+                                           else zero3[0]))
+        check_version(path, self.states)
         self.ranks = int(self.states.get("dp_world_size") or 1)
-        self.module = {k: v for k, v in (self.states.get("module") or {}).items() if torch.is_tensor(v) and v.numel()}
+        self.module = module if module is not None else {
+            k: v for k, v in (self.states.get("module") or {}).items() if torch.is_tensor(v) and v.numel()}
         shared = self.states.get("shared_params") or {}
         self.aliases = {}
         for alias, first in shared.items():
             self.aliases.setdefault(first, []).append(alias)
-        optim = [f for f in path.iterdir() if _OPTIM.fullmatch(f.name)]
+        pattern = _optim_pattern(mp)
+        optim = [f for f in path.iterdir() if pattern.fullmatch(f.name)]
         self.where: dict[str, tuple[int, int, list]] = {}
         if not optim:
             self.stage, self.files = 0, []
             self._stage0()
             return
-        self.files = [load_ds_file(f)["optimizer_state_dict"] for f in _rank_files(path, _OPTIM, self.ranks, "optimizer")]
+        self.files = [load_ds_file(f)["optimizer_state_dict"] for f in _rank_files(path, pattern, self.ranks, "optimizer")]
         self.stage = int(self.files[0].get("zero_stage", 0))
         if self.stage == 3:
             _rank_files(path, _ZERO3_MODEL, self.ranks, "model states")

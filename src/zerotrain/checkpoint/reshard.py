@@ -76,6 +76,15 @@ def check_same_model(path: Path, states: dict, new: dict) -> None:
                               "load it into the model that wrote it")
 
 
+def check_group_count(path, saved: int, run: int) -> None:
+    """The optimizer's param groups are paired with the checkpoint's in order: another count
+    is another grouping of the parameters (weight-decay or LR groups), said in one line."""
+    if saved != run:
+        raise CheckpointError(f"{path}: its optimizer has {saved} parameter group(s), this run's has {run}; give the "
+                              "optimizer the same param groups (the same weight-decay and LR split) as the run that "
+                              "saved it, or pass load_optimizer_states=False")
+
+
 class SavedState:
     """The per-element state of an old checkpoint, read by (parameter name, element range)."""
 
@@ -262,7 +271,8 @@ def relayout(saved: SavedState, new: dict, rank: int, param_groups: list[dict] |
                 continue
             state[gi] = {k: piece(gi, lambda n, lo, hi, k=k: saved.optimizer_values(k, n, lo, hi))
                          if saved.per_element(gi, k, v) else v for k, v in entry.items()}
-        groups = [dict(was) for was in groups[:trained]]
+        check_group_count(saved.path, len(groups), trained)
+        groups = [dict(was) for was in groups]
         if param_groups is not None:  # torch's optimizer wants its own "params" ids; the stepper has none
             groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
                       for cur, was in zip(param_groups, groups)]

@@ -66,6 +66,14 @@ def cut_piece(read, shape: list[int], dim: int, parts: int, old_size: int, new_s
     return out.reshape(-1)
 
 
+def by_layer(names, layer) -> list[list[str]]:
+    """`names` grouped by `layer(name)`, the groups in layer order."""
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(layer(name), []).append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
 def check_divides(name: str, shape: list[int], dim: int, parts: int, size: int) -> None:
     if shape[dim] % (parts * size):
         per = f" ({parts} fused parts of {shape[dim] // parts})" if parts > 1 else ""
@@ -97,6 +105,10 @@ class SavedSplit:
                 self.holder.setdefault(name, si)
             self.states = self.states if si else states[0]  # counters, schedule, features: the first's
         self.aliases = {k: v for stage in self.stages for k, v in stage[0].aliases.items()}
+        self.for_split(new_split)
+
+    def for_split(self, new_split: dict | None) -> None:
+        """This rank's new tensor split (None: whole), which the pieces are cut for."""
         self.new = (new_split or {}).get("split") or {}
         self.new_size, self.new_rank = ((new_split or {}).get("size") or 1), ((new_split or {}).get("rank") or 0)
         self._entry_from: dict[int, tuple[SavedState, int]] = {}
@@ -115,6 +127,20 @@ class SavedSplit:
 
     def frozen(self) -> set[str]:
         return {n for stage in self.stages for n in stage[0].frozen}
+
+    def layers(self) -> list[list[str]]:
+        """The trained parameters by pipeline layer, in layer order: "<layer>.<name>" in its
+        layer, a tied key's in the first layer using it (the pipeline's "tied_layers")."""
+        record = self.states.get("pipeline") or {}
+        tied, parts = record.get("tied_layers") or {}, record.get("parts") or [0]
+
+        def layer(name: str) -> int:
+            head, _, rest = name.partition(".")
+            if head.isdigit():
+                return int(head)
+            return int(tied.get(rest.partition(".")[0], parts[min(self.holder.get(name, 0), len(parts) - 1)]))
+
+        return by_layer(self.shapes(), layer)
 
     def knows(self, name: str) -> bool:
         return name in self.holder or any(name in v for v in self.aliases.values())

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from ..checkpoint.consolidate import model_file_sets
+from ..checkpoint.pipe_names import Renamed, plain_names
 from ..checkpoint.resplit import SavedSplit
 from ..checkpoint.store import load_file
 from ..errors import CheckpointError
@@ -25,7 +26,7 @@ log = logging.getLogger("zerotrain")
 
 def _pipeline(states: dict) -> dict | None:
     record = states.get("pipeline")
-    return None if record is None else {k: v for k, v in record.items() if k != "stage_ids"}
+    return None if record is None else {k: v for k, v in record.items() if k not in ("stage_ids", "tied_layers")}
 
 
 def split_changed(engine, path: Path) -> bool:
@@ -49,7 +50,13 @@ def _whole_shapes(engine, layout: dict) -> dict[str, tuple]:
             for g in layout["groups"] for n, s in zip(g["names"], g["shapes"])}
 
 
-def _check_same_model(engine, path: Path, saved: SavedSplit, layout: dict) -> None:
+def plain_shapes(engine, layout: dict) -> list[tuple[str, tuple]]:
+    """This model's trained parameters (whole shapes) in named_parameters order."""
+    whole = _whole_shapes(engine, layout)
+    return [(n, whole[n]) for n, _ in engine.module.named_parameters() if n in whole]
+
+
+def check_gathered_model(engine, path: Path, saved: SavedSplit, layout: dict) -> None:
     """Every rank's parameters, gathered, against the old split's: one line naming what differs."""
     now: dict[str, tuple] = {}
     for part in engine.comm.all_gather_object(_whole_shapes(engine, layout)):
@@ -71,8 +78,10 @@ def load_resplit(engine, path: Path, strict: bool, load_optimizer_states: bool, 
     saved = SavedSplit(path, split_record(engine.module))
     model_states = saved.states
     layout = engine.strategy.layout(_param_names(engine.module))
+    if "pipeline" in model_states and "pipeline" not in engine.checkpoint_extras():  # a plain model: by layer order
+        saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
     with _applying(path, "*model_states.pt"):
-        _check_same_model(engine, path, saved, layout)
+        check_gathered_model(engine, path, saved, layout)
         held = _layout_names(engine, layout)
         excluded = set(model_states.get("frozen", ())) if model_states.get("frozen_excluded") else set()
         mine = {k: v for k, v in rank_state_dict(engine.module).items() if k not in held and saved.knows(k)}

@@ -38,7 +38,7 @@ from ..parallel.tensor.dtensor import load_rank_state_dict, local, rank_state_di
 from ..errors import CheckpointError, ConfigError
 from ..checkpoint.deepspeed import DeepSpeedState, deepspeed_folder
 from ..checkpoint.raw_files import in_memory
-from ..checkpoint.reshard import relayout, reshard_rank_state
+from ..checkpoint.reshard import check_group_count, relayout, reshard_rank_state
 from ..checkpoint.universal import UniversalState, universal_folder
 from ..checkpoint.store import (CheckpointWriter, list_complete_tags, load_file, resolve_checkpoint, validate_tag,
                                 verify_checkpoint)
@@ -276,7 +276,7 @@ def load_checkpoint(engine, load_dir, tag, strict: bool, load_optimizer_states: 
         if engine.strategy.stepper is None:  # torch's optimizer: an NVMe run's swap-file copies read into memory
             rank_state = in_memory(rank_state)
         if rank_state.get("optimizer") is not None and engine.optimizer is not None:  # offload may differ
-            rank_state["optimizer"] = _own_groups(engine, rank_state["optimizer"])
+            rank_state["optimizer"] = _own_groups(engine, rank_state["optimizer"], path / name)
     with _applying(path, name):
         if not load_module_only and load_optimizer_states and engine.optimizer is not None \
                 and rank_state["optimizer"] is not None:
@@ -342,12 +342,14 @@ def _groups(engine) -> list[dict] | None:
     return out
 
 
-def _own_groups(engine, saved: dict) -> dict:
+def _own_groups(engine, saved: dict, path) -> dict:
     """The saved optimizer state with this optimizer's own "params" entries (torch's name their
     parameters by index, the blockwise stepper of separate masters none), so that a run with
     another optimizer offload resumes it: the hyperparameters are the checkpoint's."""
+    current = _groups(engine)
+    check_group_count(path, len(saved["param_groups"]), len(current))
     groups = [dict(cur, **{k: v for k, v in was.items() if k != "params"})
-              for cur, was in zip(_groups(engine), saved["param_groups"])]
+              for cur, was in zip(current, saved["param_groups"])]
     return dict(saved, param_groups=groups)
 
 

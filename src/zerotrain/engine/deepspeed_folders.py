@@ -1,7 +1,8 @@
 """Folders DeepSpeed wrote, loaded into this engine: its `global_stepN/` checkpoints
-(checkpoint/deepspeed.py) and its universal checkpoints (checkpoint/universal.py), on this run's
-own ZeRO stage and data-parallel size, through the same relayout as zerotrain's own
-checkpoints (checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
+(checkpoint/deepspeed.py; its pipeline engine's, checkpoint/deepspeed_pipe.py) and its universal
+checkpoints (checkpoint/universal.py), on this run's own ZeRO stage, data-parallel size and
+pipeline (or none), through the same relayout as zerotrain's own checkpoints
+(checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import logging
 import warnings
 
 from ..checkpoint.deepspeed import DeepSpeedState
+from ..checkpoint.deepspeed_pipe import DeepSpeedPipeline, is_pipeline_folder
+from ..checkpoint.pipe_names import Renamed, plain_names
 from ..errors import CheckpointError
+from ..parallel.tensor.dtensor import split_record
+from .checkpoint_split import check_gathered_model, plain_shapes
 from .checkpointing import (_applying, _layout_names, _load_module, _load_relayout, _param_names,
                             _sharded_names)
 
@@ -18,22 +23,25 @@ log = logging.getLogger("zerotrain")
 
 def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load_lr_scheduler_states: bool,
                    load_module_only: bool, reader=DeepSpeedState):
-    """A DeepSpeed tag folder (checkpoint/deepspeed.py) or universal folder (checkpoint/universal.py,
-    `reader` UniversalState) into this engine, on its own stage and data-parallel size: weights,
-    fp32 masters, optimizer state, counters, LR schedule, loss scale."""
-    if engine.checkpoint_prefix:
-        raise CheckpointError(f"{path}: DeepSpeed checkpoints load into data-parallel runs; this run has pipeline "
-                              "or tensor parallelism")
+    """A DeepSpeed tag folder (checkpoint/deepspeed.py; a pipeline one: _pipeline_folder) or
+    universal folder (checkpoint/universal.py, `reader` UniversalState) into this engine, on its
+    own stage and data-parallel size: weights, fp32 masters, optimizer state, counters, LR
+    schedule, loss scale."""
     shard = engine.strategy.comm
-    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
-    saved = reader(path, names)
     layout = engine.strategy.layout(_param_names(engine.module))
     states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
-    with _applying(path, states_file):
-        saved.check_model(layout)
-        sharded = _sharded_names(engine)
-        _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
-                     _layout_names(engine, layout))
+    if reader is DeepSpeedState and is_pipeline_folder(path):
+        saved = _pipeline_folder(engine, path, layout, strict)
+    elif engine.checkpoint_prefix:
+        raise CheckpointError(f"{path}: a DeepSpeed checkpoint of a data-parallel run loads into data-parallel runs; "
+                              "this run has pipeline or tensor parallelism")
+    else:
+        saved = reader(path, [n for n, p in engine.module.named_parameters() if p.requires_grad])
+        with _applying(path, states_file):
+            saved.check_model(layout)
+            sharded = _sharded_names(engine)
+            _load_module(engine, {k: v for k, v in saved.module.items() if k not in sharded}, strict,
+                         _layout_names(engine, layout))
     with _applying(path, "*optim_states.pt"):
         _load_relayout(engine, saved, layout, load_optimizer_states, load_module_only)
     client_state = saved.client_state()
@@ -58,6 +66,25 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
                     "(DeepSpeed saves neither per rank)", path, saved.describe(), engine.strategy.stage,
                     shard.world_size)
     return str(path), client_state
+
+
+def _pipeline_folder(engine, path, layout: dict, strict: bool):
+    """A DeepSpeed pipeline folder (checkpoint/deepspeed_pipe.py) read for this run: a pipeline
+    of the same layers with any stage count finds its parameters by name, a plain model by
+    layer order (checkpoint/pipe_names.py); the weights it holds outside the optimizer (buffers)
+    from the layer files."""
+    if split_record(engine.module):
+        raise CheckpointError(f"{path}: DeepSpeed pipeline checkpoints load into runs without tensor parallelism; "
+                              "resume with tensor_parallel.autotp_size 1")
+    with _applying(path, "layer_*-model_states.pt"):
+        saved = DeepSpeedPipeline(path)
+        if "pipeline" not in engine.checkpoint_extras():
+            saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
+        check_gathered_model(engine, path, saved, layout)
+        held = _layout_names(engine, layout)
+        mine = {k: v for k, v in engine.module.state_dict().items() if k not in held and saved.knows(k)}
+        _load_module(engine, {k: saved.module_value(k, v) for k, v in mine.items()}, strict, held)
+    return saved
 
 
 def _load_schedule(engine, state: dict, path) -> None:

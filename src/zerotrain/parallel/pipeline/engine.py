@@ -98,7 +98,8 @@ class PipelineEngine(TrainingEngine):
     def checkpoint_extras(self) -> dict:
         m = self.module
         return {"pipeline": {"stage_ids": list(m.stage_ids), "num_stages": m.num_stages,
-                             "virtual_stages": m.virtual_stages, "placement": m.placement, "parts": list(m.parts)}}
+                             "virtual_stages": m.virtual_stages, "placement": m.placement, "parts": list(m.parts),
+                             "tied_layers": m.tied_layers()}}
 
     # ---- the batch ---------------------------------------------------------------------------
     def train_batch(self, data_iter=None) -> torch.Tensor:

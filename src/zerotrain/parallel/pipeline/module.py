@@ -207,6 +207,15 @@ class PipelineModule(nn.Module):
                 keys.setdefault(layer.key, []).append(self.stage_owner(idx))
         return {k: sorted(set(v)) for k, v in sorted(keys.items())}
 
+    def tied_layers(self) -> dict[str, int]:
+        """Each tied key -> the first layer using it (where a plain model of the same layers
+        holds it: checkpoint/pipe_names.py)."""
+        first: dict[str, int] = {}
+        for idx, layer in enumerate(self._layer_specs):
+            if isinstance(layer, TiedLayerSpec):
+                first.setdefault(layer.key, idx)
+        return first
+
     def tied_weights(self, key: str) -> list[nn.Parameter]:
         out = []
         for attr in self.tied_weight_attrs.get(key, []):
