@@ -141,18 +141,20 @@ def worker(a) -> None:
         step, optimizer_step = _deepspeed_step(a, shape, local, config)
     init_kib = common.status_kib("VmHWM")
     g = torch.Generator().manual_seed(0)
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for _ in range(a.steps):
         ids = torch.randint(0, shape["vocab_size"], (1, a.length), generator=g)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         phase[0] = "forward/backward"
         loss = step(ids)
         fb_peaks.append(common.status_kib("VmHWM"))
         phase[0] = "step"
         optimizer_step()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)  # this rank's CPU seconds: the machine's load left out
         losses.append(loss.item())
-    mine = {"peak_kib": common.status_kib("VmHWM"), "init_peak_kib": init_kib, "fb_peak_kib": fb_peaks[0]}
+    mine = {"peak_kib": common.status_kib("VmHWM"), "init_peak_kib": init_kib, "fb_peak_kib": fb_peaks[0],
+            "cpu_s": cpu}
     every = [mine]
     if size > 1:  # the benchmark's own report, gathered once at the end
         import torch.distributed as dist
@@ -229,11 +231,7 @@ def trial(a, framework: str, size: int, length: int, pieces: bool, steps: int = 
            __file__, "--worker", framework, "--length", length, "--budget-gib", budget, "--zero", a.zero,
            "--steps", steps, "--out", out] + (["--pieces"] if pieces else []) + (["--quick"] if a.quick else [])
     env = common.venv_env(common.DS_VENV if framework == "deepspeed" else Path(sys.prefix))
-    paths = [str(common.SRC)] if framework == "zerotrain" else []
-    if framework == "deepspeed":  # DeepSpeed's venv has no transformers: this venv's site-packages
-        import transformers      # (the same torch version, checked in the report) ahead of its own
-
-        paths.append(str(Path(transformers.__file__).parents[1]))
+    paths = [str(common.SRC) if framework == "zerotrain" else _overlay()]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     if a.mmap_threshold:  # see the module docstring: the peak is then the live memory's
         env["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
@@ -253,7 +251,31 @@ def trial(a, framework: str, size: int, length: int, pieces: bool, steps: int = 
     res = json.loads(out.read_text())
     return {"ok": True, "peak_mib": max(res["peak_kib"]) / 1024, "init_mib": max(res["init_peak_kib"]) / 1024,
             "fb_peak_mib": max(res["fb_peak_kib"]) / 1024, "times": res["times"], "losses": res["losses"],
+            "cpu_s": [max(steps) for steps in zip(*res["cpu_s"])],  # per step, the busiest rank's
             "torch": res["torch"], "wall_s": wall}
+
+
+_overlays: list[str] = []
+
+
+def _overlay() -> str:
+    """A folder of links to the packages of this venv that DeepSpeed's lacks (transformers and
+    what it imports), for DeepSpeed's trials: they then import DeepSpeed's own torch, numpy and
+    the rest, and its JIT-built ops match the torch they were built against (with this venv's
+    site-packages ahead, every trial rebuilt them, minutes each)."""
+    if not _overlays:
+        import tempfile
+
+        import transformers
+
+        mine = Path(transformers.__file__).parents[1]
+        theirs = next(common.DS_VENV.glob("lib/python*/site-packages"))
+        folder = Path(tempfile.mkdtemp(prefix="long_context-hf-"))
+        for entry in mine.iterdir():
+            if not (theirs / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
+        _overlays.append(str(folder))
+    return _overlays[0]
 
 
 def _exception_line(text: str) -> str:
@@ -345,9 +367,20 @@ def rates(a) -> dict:
             res = trial(a, "zerotrain", size, a.rate_len, True, steps=2, budget=a.rate_budget_gib)
             runs[f"S{size}"].append(res)
             common.say(f"  rate S={size} T={a.rate_len}: " + (f"{res['times'][-1]:.1f} s/step" if res["ok"] else res["why"]))
-    med = {k: statistics.median(r["times"][-1] for r in v if r["ok"]) for k, v in runs.items() if any(r["ok"] for r in v)}
-    return {"length": a.rate_len, "runs": runs, "median_s": med,
-            "ratio": med["S2"] / med["S1"] if len(med) == 2 else None}
+    return {"length": a.rate_len, "runs": runs, **rate_medians(runs)}
+
+
+def rate_medians(runs: dict) -> dict:
+    """The medians of the second steps' wall and CPU seconds (the busiest rank's), S = 2 over S = 1."""
+    med, cpu = {}, {}
+    for key, v in runs.items():
+        ok = [r for r in v if r["ok"]]
+        if ok:
+            med[key] = statistics.median(r["times"][-1] for r in ok)
+            if all("cpu_s" in r for r in ok):
+                cpu[key] = statistics.median(r["cpu_s"][-1] for r in ok)
+    return {"median_s": med, "ratio": med["S2"] / med["S1"] if len(med) == 2 else None,
+            "median_cpu_s": cpu, "cpu_ratio": cpu["S2"] / cpu["S1"] if len(cpu) == 2 else None}
 
 
 def line_through(ok: list[dict], size: int, budget: float) -> dict:
@@ -379,7 +412,9 @@ def main() -> int:
     p.add_argument("--rate-len", type=int, default=2048, help="the length step times are compared at (0: none)")
     p.add_argument("--rate-pairs", type=int, default=3, help="S = 1 / S = 2 step-time pairs, alternating")
     p.add_argument("--rate-budget-gib", type=float, default=3.0, help="the watcher's budget in step-time trials")
-    p.add_argument("--modes", default="on,off", help="pieces on, off or both (default on,off)")
+    p.add_argument("--parts", default="on,rates,deepspeed,off",
+                   help="what to run, in this order: on (zerotrain, tiled pieces on), rates, deepspeed, off "
+                        "(pieces off); a part left out keeps what <out>/results.json has of it")
     p.add_argument("--zero", type=int, default=1, help="ZeRO stage over the S ranks (default 1)")
     p.add_argument("--trial-timeout", type=int, default=900)
     p.add_argument("--mmap-threshold", type=int, default=131072,
@@ -391,24 +426,37 @@ def main() -> int:
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--pieces", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--report", action="store_true", help="only write results.md and longest.png from <out>/results.json")
     a = p.parse_args()
     a.locals = [int(x) for x in a.locals.split(",")]
     if a.worker:
         worker(a)
         return 0
     out = Path(a.out)
+    if a.report:
+        r = json.loads((out / "results.json").read_text())
+        (out / "results.md").write_text(report(r))
+        plot(r, out / "longest.png")
+        return 0
     a.log_dir = out / "raw"
     a.log_dir.mkdir(parents=True, exist_ok=True)
     common.DS_VENV = Path(a.ds_venv)
     sizes = [int(s) for s in a.sizes.split(",")]
-    modes = a.modes.split(",")
-    r = {"command": " ".join(["python", "benchmarks/long_context.py"] + sys.argv[1:]), "budget_gib": a.budget_gib,
-         "line_budget_gib": a.line_budget_gib, "model": "quick" if a.quick else FULL, "zero_stage": a.zero,
-         "sizes": sizes, "bisect": a.bisect, "longest": {}, "rates": None, "deepspeed": {}}
+    parts = a.parts.split(",")
+    r = {"commands": [], "budget_gib": a.budget_gib, "line_budget_gib": a.line_budget_gib,
+         "model": "quick" if a.quick else FULL, "zero_stage": a.zero, "sizes": sizes, "bisect": a.bisect,
+         "longest": {}, "rates": None, "deepspeed": {}, "wall_s": 0.0}
+    keep = out / "results.json"
+    if keep.exists() and set(parts) != {"on", "rates", "deepspeed", "off"}:
+        old = json.loads(keep.read_text())
+        if all(old.get(k) == r[k] for k in ("budget_gib", "model", "zero_stage", "sizes", "bisect")):
+            r = old  # the parts run now replace theirs
+    r["commands"].append(" ".join(["python", "benchmarks/long_context.py"] + sys.argv[1:]))
+    wall0 = r["wall_s"]
     began = time.perf_counter()
 
     def save() -> None:
-        r["wall_s"] = time.perf_counter() - began
+        r["wall_s"] = wall0 + time.perf_counter() - began
         (out / "results.json").write_text(json.dumps(r, indent=1))
 
     def sweep(framework: str, pieces: bool, starts: dict | None = None) -> dict:
@@ -425,23 +473,26 @@ def main() -> int:
             save()
         return found
 
-    if "on" in modes:
+    if "on" in parts:
         r["longest"]["on"] = sweep("zerotrain", True)
-    if a.rate_len and 1 in sizes and 2 in sizes:
+    if "rates" in parts and a.rate_len and 1 in sizes and 2 in sizes:
         r["rates"] = rates(a)
         save()
-    if a.ds_venv != "none" and (common.DS_VENV / "bin" / "python").exists():
+    if "deepspeed" not in parts:
+        pass
+    elif a.ds_venv != "none" and (common.DS_VENV / "bin" / "python").exists():
+        r["deepspeed"] = {}
         for size in [s for s in (1, 2) if s in sizes and a.rate_len]:
             r["deepspeed"][f"rate_S{size}"] = res = trial(a, "deepspeed", size, a.rate_len, True, steps=2,
                                                         budget=a.rate_budget_gib)
             _say_trial("deepspeed", size, True, a.rate_len, res)
-        if a.bisect and "on" in modes:
+        if a.bisect and "on" in r["longest"]:
             starts = {int(k[1:]): v["longest"] for k, v in r["longest"]["on"].items()}
             r["deepspeed"]["longest"] = sweep("deepspeed", True, starts)
     else:
         r["deepspeed"]["skipped"] = f"no DeepSpeed venv at {common.DS_VENV}"
     save()
-    if "off" in modes:
+    if "off" in parts:
         r["longest"]["off"] = sweep("zerotrain", False)
     save()
     (out / "results.md").write_text(report(r))
@@ -487,24 +538,32 @@ def report(r: dict) -> str:
     if "longest" in ds:
         rows += _rows("DeepSpeed ALST", "on", ds["longest"], b, r["line_budget_gib"])
     text = ("# Longest sequence within a peak-RSS budget\n\n"
-            f"Command: `{r['command']}`; budget {r['budget_gib']} GiB per rank, ZeRO stage {r['zero_stage']} over "
+            "Commands: " + ", then ".join(f"`{c}`" for c in r["commands"]) + f"; budget {r['budget_gib']} GiB per rank, ZeRO stage {r['zero_stage']} over "
             f"the S ranks, model {r['model']}; wall {r['wall_s'] / 60:.0f} min.\n\n" + "\n".join(rows) + "\n")
     rt = r["rates"]
     if rt:
-        lines = ["| run | s/step (each run) | median s/step | tokens/s |", "|---|---|---|---|"]
+        lines = ["| run | s/step (each run) | median s/step | tokens/s | CPU s of the busiest rank (each run) | "
+                 "median CPU s |", "|---|---|---|---|---|---|"]
+
+        def cpu_of(x: dict) -> str:
+            return f"{x['cpu_s'][-1]:.1f}" if x["ok"] and "cpu_s" in x else "-"
+
         for key, runs in rt["runs"].items():
             each = ", ".join(f"{x['times'][-1]:.1f}" if x["ok"] else x["why"] for x in runs)
-            med = rt["median_s"].get(key)
+            med, cpu = rt["median_s"].get(key), rt.get("median_cpu_s", {}).get(key)
             tps = f"{rt['length'] / med:.0f}" if med else "-"
-            lines.append(f"| zerotrain {key} | {each} | {f'{med:.2f}' if med else '-'} | {tps} |")
+            lines.append(f"| zerotrain {key} | {each} | {f'{med:.2f}' if med else '-'} | {tps} | "
+                         f"{', '.join(cpu_of(x) for x in runs)} | {f'{cpu:.2f}' if cpu else '-'} |")
         for key in ("rate_S1", "rate_S2"):
             if key in ds:
                 v = ds[key]
-                lines.append(f"| DeepSpeed ALST {key[5:]} | {v['times'][-1]:.1f} | - | {rt['length'] / v['times'][-1]:.0f} |"
-                             if v["ok"] else f"| DeepSpeed ALST {key[5:]} | failed: `{v['why']}` | - | - |")
+                lines.append(f"| DeepSpeed ALST {key[5:]} | {v['times'][-1]:.1f} | - | {rt['length'] / v['times'][-1]:.0f} | "
+                             f"{cpu_of(v)} | - |" if v["ok"] else f"| DeepSpeed ALST {key[5:]} | failed: `{v['why']}` | - | - | - | - |")
         ratio = f"{rt['ratio']:.2f}" if rt["ratio"] else "-"
+        cpu_ratio = f"{rt['cpu_ratio']:.2f}" if rt.get("cpu_ratio") else "-"
         text += (f"\nStep time at {rt['length']} tokens, pieces on (the second step of each run; S = 1 and 2 "
-                 f"alternating): S = 2 / S = 1 = {ratio} (ratio of the medians).\n\n" + "\n".join(lines) + "\n")
+                 f"alternating): S = 2 / S = 1 = {ratio} (ratio of the median wall times), {cpu_ratio} (of the "
+                 "median CPU seconds of the busiest rank).\n\n" + "\n".join(lines) + "\n")
     if "skipped" in ds:
         text += f"\nDeepSpeed: skipped ({ds['skipped']}).\n"
     return text

@@ -16,7 +16,7 @@ def test_long_context_quick_measures_the_line_and_reports(tmp_path):
 
     out = tmp_path / "lc"
     proc = subprocess.run([sys.executable, str(BENCH / "long_context.py"), "--quick", "--sizes", "2", "--locals",
-                           "256,2048", "--modes", "on", "--rate-len", "0", "--ds-venv", "none", "--out", str(out)],
+                           "256,2048", "--parts", "on", "--rate-len", "0", "--ds-venv", "none", "--out", str(out)],
                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
