@@ -183,7 +183,10 @@ def _deepspeed_step(a, shape: dict, local: int, config: dict):
     mpu = UlyssesSPAttentionHF.register_with_transformers(model_name_or_path=model, core_attn_implementation="sdpa",
                                                           sequence_parallel_size=size, micro_batch_size=1,
                                                           seq_length=a.length, seq_length_is_variable=True)
-    engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu, model_parameters=model.parameters())
+    # torch's AdamW as the client optimizer (DeepSpeed's ZeRO 1 wraps it): the same kernel as
+    # zerotrain's, and no JIT-built op (DeepSpeed's CPU Adam compiles for minutes here)
+    opt = torch.optim.AdamW(model.parameters(), **config.pop("optimizer")["params"])
+    engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu, optimizer=opt)
     group = mpu and mpu.get_sequence_parallel_group()
 
     def piece_of(ids):
