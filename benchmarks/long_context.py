@@ -9,8 +9,10 @@ zerotrain and DeepSpeed 0.19.8's ALST.
 The model is transformers' LlamaForCausalLM built from a LlamaConfig here (no download): 4
 layers, hidden 512, 8 heads (4 key/value), MLP 1376, vocabulary 8192 untied: 20.2M
 parameters. Each trial is a fresh torchrun world of S processes (one thread each) training
-one step (forward, backward, AdamW step; ZeRO stage 1 over the S ranks) on one sequence of
-the length tried; each rank reads its peak RSS (VmHWM, /proc/self/status), and a watcher
+--memory-steps steps (forward, backward, AdamW step; ZeRO stage 1 over the S ranks) on one
+sequence of the length tried, 2 by default: AdamW's states (8 bytes a parameter, split over
+the S ranks) are made by the first step, so only the second step's forward and backward run
+beside them, as every later step of a real run does; each rank reads its peak RSS (VmHWM, /proc/self/status), and a watcher
 thread ends the trial as soon as any rank passes the budget, noting the phase (set-up,
 forward/backward or the optimizer step). A trial that runs past --trial-timeout is killed
 with all its ranks.
@@ -312,7 +314,7 @@ def search(a, framework: str, size: int, pieces: bool, start: int, factor: float
 
     length = snap(start)
     while length <= a.max_len:
-        res = trial(a, framework, size, length, pieces)
+        res = trial(a, framework, size, length, pieces, steps=a.memory_steps)
         tried.append({"length": length, **res})
         _say_trial(framework, size, pieces, length, res)
         if not res["ok"] and res["why"] != "over budget":
@@ -336,14 +338,14 @@ def search(a, framework: str, size: int, pieces: bool, start: int, factor: float
         length = nxt
     best = next((t for t in tried if t["length"] == good), None)
     return {"longest": good, "first_failed": bad, "peak_mib": best and best["peak_mib"],
-            "tokens_per_s": best and good / best["times"][0], "trials": tried}
+            "tokens_per_s": best and good / best["times"][-1], "trials": tried}
 
 
 def fit(a, size: int, pieces: bool) -> dict:
     """The peak per rank at two lengths, the line through them, and where it crosses the budget."""
     points = []
     for local in a.locals:
-        res = trial(a, "zerotrain", size, local * size, pieces)
+        res = trial(a, "zerotrain", size, local * size, pieces, steps=a.memory_steps)
         points.append({"length": local * size, **res})
         _say_trial("zerotrain", size, pieces, local * size, res)
     ok = [p for p in points if p["ok"]]
@@ -418,6 +420,9 @@ def main() -> int:
     p.add_argument("--parts", default="on,rates,deepspeed,off",
                    help="what to run, in this order: on (zerotrain, tiled pieces on), rates, deepspeed, off "
                         "(pieces off); a part left out keeps what <out>/results.json has of it")
+    p.add_argument("--memory-steps", type=int, default=2,
+                   help="steps per memory trial (default 2: the second step's forward and backward run beside "
+                        "the optimizer's states, which the first step makes; 1 leaves them out)")
     p.add_argument("--zero", type=int, default=1, help="ZeRO stage over the S ranks (default 1)")
     p.add_argument("--trial-timeout", type=int, default=900)
     p.add_argument("--mmap-threshold", type=int, default=131072,
@@ -462,8 +467,9 @@ def main() -> int:
         r["wall_s"] = wall0 + time.perf_counter() - began
         (out / "results.json").write_text(json.dumps(r, indent=1))
 
-    def sweep(framework: str, pieces: bool, starts: dict | None = None) -> dict:
-        found, start = {}, a.start if pieces else a.start // 4
+    def sweep(found: dict, framework: str, pieces: bool, starts: dict | None = None) -> None:
+        """Fill `found` (already in r, so that each size's search is saved as it ends)."""
+        start = a.start if pieces else a.start // 4
         for i, size in enumerate(sizes):
             if not a.bisect:
                 found[f"S{size}"] = fit(a, size, pieces)
@@ -474,10 +480,9 @@ def main() -> int:
             if i + 1 < len(sizes):  # the next size starts at this one's longest, scaled by the sizes' ratio
                 start = (got["longest"] or start) * sizes[i + 1] // size
             save()
-        return found
 
     if "on" in parts:
-        r["longest"]["on"] = sweep("zerotrain", True)
+        sweep(r["longest"].setdefault("on", {}), "zerotrain", True)
     if "rates" in parts and a.rate_len and 1 in sizes and 2 in sizes:
         r["rates"] = rates(a)
         save()
@@ -491,12 +496,12 @@ def main() -> int:
             _say_trial("deepspeed", size, True, a.rate_len, res)
         if a.bisect and "on" in r["longest"]:
             starts = {int(k[1:]): v["longest"] for k, v in r["longest"]["on"].items()}
-            r["deepspeed"]["longest"] = sweep("deepspeed", True, starts)
+            sweep(r["deepspeed"].setdefault("longest", {}), "deepspeed", True, starts)
     else:
         r["deepspeed"]["skipped"] = f"no DeepSpeed venv at {common.DS_VENV}"
     save()
     if "off" in parts:
-        r["longest"]["off"] = sweep("zerotrain", False)
+        sweep(r["longest"].setdefault("off", {}), "zerotrain", False)
     save()
     (out / "results.md").write_text(report(r))
     plot(r, out / "longest.png")

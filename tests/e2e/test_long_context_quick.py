@@ -61,7 +61,7 @@ def test_the_search_brackets_the_longest_length_within_the_resolution(monkeypatc
         return {"ok": False, "why": "over budget", "phase": "forward/backward", "wall_s": 0.0}
 
     monkeypatch.setattr(lc, "trial", fake)
-    a = type("A", (), {"max_len": 1 << 20, "resolution": 0.125})()
+    a = type("A", (), {"max_len": 1 << 20, "resolution": 0.125, "memory_steps": 1})()
     found = lc.search(a, "zerotrain", 2, True, 1000, 2.0)
     assert seen[:3] == [896, 1792, 3584]  # snapped to 128, doubled until a failure
     assert found["longest"] <= 3000 < found["first_failed"]
