@@ -2,7 +2,7 @@
 per rank, with 1, 2 and 4 sequence-parallel ranks (Ulysses), ALST's memory pieces on and off,
 zerotrain and DeepSpeed 0.19.8's ALST.
 
-    python benchmarks/long_context.py --bisect --budget-gib 0.73    # the stored run (about an hour)
+    python benchmarks/long_context.py --bisect --budget-gib 0.9     # a search by trials (about an hour)
     python benchmarks/long_context.py                               # the line through two lengths, 3 GiB
     python benchmarks/long_context.py --quick --out /tmp/lc         # a tiny model, seconds (the test's mode)
 
