@@ -62,6 +62,23 @@ def run_quiet(cmd: list, env=None, timeout=None) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_job(cmd: list, env: dict, log: Path, timeout: float) -> int | None:
+    """Run a launcher (torchrun) in a session of its own, its output to `log`; its exit code, or
+    None when it ran past `timeout` and was killed with every rank below it (a timeout of
+    subprocess.run kills only the launcher and leaves the ranks running)."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:  # timed out, or this script interrupted: no rank outlives it
+            if proc.poll() is None:
+                kill_job(proc.pid)
+                proc.wait()
+
+
 def venv_env(venv_prefix: Path) -> dict:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"

@@ -16,17 +16,17 @@ def test_long_context_quick_measures_the_line_and_reports(tmp_path):
 
     out = tmp_path / "lc"
     proc = subprocess.run([sys.executable, str(BENCH / "long_context.py"), "--quick", "--sizes", "2", "--locals",
-                           "256,2048", "--modes", "on", "--rate-len", "0", "--ds-venv", "none", "--out", str(out)],
+                           "256,2048", "--parts", "on", "--rate-len", "0", "--ds-venv", "none", "--out", str(out)],
                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    line = res["longest"]["S2_on"]
+    line = res["longest"]["on"]["S2"]
     assert [p["length"] for p in line["points"]] == [512, 4096] and all(p["ok"] for p in line["points"])
     # a tiny model's peaks at two short lengths can differ by less than the allocator's noise, so
     # the line's arithmetic is checked on fixed numbers below, not on these
     assert all(p["fb_peak_mib"] <= line["step_peak_mib"] for p in line["points"])
     assert line["step_peak_mib"] <= res["budget_gib"] * 1024
-    assert "| 2 | on |" in (out / "results.md").read_text()
+    assert "| zerotrain | 2 | on |" in (out / "results.md").read_text()
     assert (out / "longest.png").stat().st_size > 0
 
 
@@ -44,3 +44,31 @@ def test_the_line_through_two_peaks_and_its_crossing():
     flat = [dict(points[0]), dict(points[1], fb_peak_mib=855.0)]
     assert line_through(flat, 2, 2048.0)["longest"] is None  # no growth: no crossing
     assert line_through(points, 2, 1600.0)["longest"] is None  # the step alone is over the budget
+
+
+def test_the_search_brackets_the_longest_length_within_the_resolution(monkeypatch):
+    """The search on a fake trial that fits up to 3000 positions (S = 2: in steps of 128)."""
+    sys.path.insert(0, str(BENCH))
+    import long_context as lc
+
+    seen = []
+
+    def fake(a, framework, size, length, pieces, steps=1, budget=None):
+        seen.append(length)
+        if length <= 3000:
+            return {"ok": True, "peak_mib": 600 + length / 100, "fb_peak_mib": 590 + length / 100,
+                    "times": [length / 1000], "wall_s": 0.0}
+        return {"ok": False, "why": "over budget", "phase": "forward/backward", "wall_s": 0.0}
+
+    monkeypatch.setattr(lc, "trial", fake)
+    a = type("A", (), {"max_len": 1 << 20, "resolution": 0.125, "memory_steps": 1})()
+    found = lc.search(a, "zerotrain", 2, True, 1000, 2.0)
+    assert seen[:3] == [896, 1792, 3584]  # snapped to 128, doubled until a failure
+    assert found["longest"] <= 3000 < found["first_failed"]
+    assert found["first_failed"] - found["longest"] <= found["longest"] / 8
+    assert abs(found["tokens_per_s"] - 1000.0) < 1e-6
+    # the optimizer step alone over the budget: no length fits, and the search says so at once
+    monkeypatch.setattr(lc, "trial", lambda *_, **__: {"ok": False, "why": "over budget", "phase": "step",
+                                                       "wall_s": 0.0})
+    found = lc.search(a, "zerotrain", 1, True, 2048, 2.0)
+    assert found["longest"] is None and "step" in found["error"] and len(found["trials"]) == 1
