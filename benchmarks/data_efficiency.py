@@ -96,7 +96,7 @@ class Plan:
     evals: int = 10
     eval_windows: int = 16
     profile_lengths: tuple = (64, 128, 192)
-    profile_rounds: int = 5
+    profile_rounds: int = 6
     max_files: int | None = None
 
 
@@ -291,25 +291,35 @@ def race(runs: list[Run], val_batches: list[torch.Tensor], eval_every: int) -> d
 # ---- where random-LTD's step time goes ------------------------------------------------------------
 def profile(plan: Plan, pool: Pool, index: Path, clusters: Path) -> dict:
     """Step time at fixed kept lengths (each engine's schedule is min_value = max_value = r),
-    interleaved round by round; then one step of the baseline and of the smallest r by operator."""
+    interleaved round by round, in CPU time (one thread: what the step costs, whatever else
+    the machine runs) and wall-clock; the cost of choosing the kept tokens alone; then one
+    step of the baseline and of the smallest r by operator."""
     import dataclasses
+
+    from zerotrain.data_efficiency import kept_token_indices
 
     engines = {}
     for r in (*plan.profile_lengths, plan.seq):
         fixed = dataclasses.replace(plan, ltd_min=r, ltd_max=r, ltd_steps=1)
-        arm = "baseline" if r == plan.seq else "random_ltd"
-        engines[r] = Run(fixed, arm, 0, pool, index, clusters)
-    times = {r: [] for r in engines}
+        engines[r] = Run(fixed, "baseline" if r == plan.seq else "random_ltd", 0, pool, index, clusters)
+    cpu, wall = ({r: [] for r in engines} for _ in range(2))
     for k in range(plan.profile_rounds):
         for r, run in engines.items():
-            w = run.wall
+            c, w = run.cpu, run.wall
             run.step()
             if k > 0:  # the first step of each warms caches and allocator
-                times[r].append(run.wall - w)
-    per = {r: float(np.median(v)) for r, v in times.items()}
+                cpu[r].append(run.cpu - c)
+                wall[r].append(run.wall - w)
+    per = {r: float(np.median(v)) for r, v in cpu.items()}
     # a straight line t(r) = a + b r: the fixed part (embeddings, head, unrouted layers, optimizer) and the routed part
-    rs = np.array(list(per), dtype=float)
-    b, a = np.polyfit(rs, np.array(list(per.values())), 1)
+    b, a = np.polyfit(np.array(list(per), dtype=float), np.array(list(per.values())), 1)
+    samples = torch.arange(plan.batch)
+    routed = plan.model["n_layer"] - 2
+    c = time.process_time()
+    for step in range(20):
+        for layer in range(routed):
+            kept_token_indices(1000, step, layer, samples, plan.seq, plan.profile_lengths[0])
+    choose = (time.process_time() - c) / 20
     ops = {}
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -320,10 +330,12 @@ def profile(plan: Plan, pool: Pool, index: Path, clusters: Path) -> dict:
         total = sum(e.self_cpu_time_total for e in rows)
         ops[str(r)] = {"total_ms": round(total / 1000, 1),
                        "top": [[e.key, round(e.self_cpu_time_total / 1000, 1), e.count] for e in rows[:14]]}
-    return {"id": "ltd-profile", "study": "data_efficiency", "step_s_by_kept": {str(r): round(v, 4) for r, v in per.items()},
-            "samples": {str(r): [round(x, 4) for x in v] for r, v in times.items()},
-            "fit": {"fixed_s": round(float(a), 4), "per_kept_token_s": round(float(b), 7)}, "ops": ops,
-            "machine": machine()}
+    return {"id": "ltd-profile", "study": "data_efficiency", "clock": "cpu",
+            "step_s_by_kept": {str(r): round(v, 4) for r, v in per.items()},
+            "wall_s_by_kept": {str(r): round(float(np.median(v)), 4) for r, v in wall.items()},
+            "samples": {str(r): [round(x, 4) for x in v] for r, v in cpu.items()},
+            "fit": {"fixed_s": round(float(a), 4), "per_kept_token_s": round(float(b), 7)},
+            "choose_kept_s": round(choose, 5), "ops": ops, "machine": machine()}
 
 
 # ---- the job list ------------------------------------------------------------------------------
@@ -429,14 +441,19 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         fit = prof["fit"]
         expect = expected_gain(plan, prof)
         n = plan.model["n_layer"]
+        walls = prof.get("wall_s_by_kept", {})
+        clock = "CPU" if prof.get("clock") == "cpu" else "wall-clock"
         parts.append(f"**Where random-LTD's step time goes** (batch {plan.batch}, {n - 2} of {n} layers routed; median "
-                     "step of interleaved rounds; a fixed kept length per engine):\n\n" +
-                     markdown_table(["kept tokens", "step s", "x full-length step"],
-                                    [[r, f"{v:.3f}", f"{v / full:.2f}"] for r, v in per.items()]) +
+                     f"step of interleaved rounds in {clock} time; a fixed kept length per engine):\n\n" +
+                     markdown_table(["kept tokens", f"step {clock} s", "x full-length step", "step wall-clock s"],
+                                    [[r, f"{v:.3f}", f"{v / full:.2f}", f"{walls[r]:.3f}" if r in walls else "-"]
+                                     for r, v in per.items()]) +
                      f"\n\nA line through them: {fit['fixed_s']:.3f} s a step whatever is kept (embedding, head, the "
                      f"first and last layer, the optimizer) + {fit['per_kept_token_s'] * 1e3:.3f} ms per kept token; "
                      f"over the run's schedule ({plan.ltd_min} -> {plan.seq} in {plan.ltd_steps} of {plan.steps} "
-                     f"steps) that line gives {expect:.2f}x tokens/s." + ops_table(prof))
+                     f"steps) that line gives {expect:.2f}x tokens/s." +
+                     (f" Choosing the kept tokens (the hash, top-k and sort for {n - 2} layers) takes "
+                      f"{prof['choose_kept_s'] * 1e3:.1f} ms a step." if "choose_kept_s" in prof else "") + ops_table(prof))
     todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
     parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
     plots(plan, study, runs)
