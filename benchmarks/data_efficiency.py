@@ -441,13 +441,12 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         fit = prof["fit"]
         expect = expected_gain(plan, prof)
         n = plan.model["n_layer"]
-        walls = prof.get("wall_s_by_kept", {})
         clock = "CPU" if prof.get("clock") == "cpu" else "wall-clock"
         parts.append(f"**Where random-LTD's step time goes** (batch {plan.batch}, {n - 2} of {n} layers routed; median "
-                     f"step of interleaved rounds in {clock} time; a fixed kept length per engine):\n\n" +
-                     markdown_table(["kept tokens", f"step {clock} s", "x full-length step", "step wall-clock s"],
-                                    [[r, f"{v:.3f}", f"{v / full:.2f}", f"{walls[r]:.3f}" if r in walls else "-"]
-                                     for r, v in per.items()]) +
+                     f"step of interleaved rounds in {clock} time, which the machine's load does not stretch; a fixed "
+                     "kept length per engine):\n\n" +
+                     markdown_table(["kept tokens", f"step {clock} s", "x full-length step"],
+                                    [[r, f"{v:.3f}", f"{v / full:.2f}"] for r, v in per.items()]) +
                      f"\n\nA line through them: {fit['fixed_s']:.3f} s a step whatever is kept (embedding, head, the "
                      f"first and last layer, the optimizer) + {fit['per_kept_token_s'] * 1e3:.3f} ms per kept token; "
                      f"over the run's schedule ({plan.ltd_min} -> {plan.seq} in {plan.ltd_steps} of {plan.steps} "
@@ -477,16 +476,21 @@ def expected_gain(plan: Plan, prof: dict) -> float:
 
 
 def ops_table(prof: dict) -> str:
+    """The profiled steps by operator, as shares of each step: torch.profiler times operators
+    by the wall clock, which a loaded machine stretches, so the shares carry, not the ms."""
     keys = list(prof["ops"])
     rows = {}
     for k in keys:
         for name, ms, _ in prof["ops"][k]["top"]:
-            rows.setdefault(name, {})[k] = ms
-    lines = [[name] + [f"{v.get(k, 0):.1f}" for k in keys] for name, v in
-             sorted(rows.items(), key=lambda kv: -max(kv[1].values()))[:14]]
-    return ("\n\nOne step by operator (self CPU ms; torch.profiler), kept " + " and ".join(keys) + " tokens:\n\n" +
-            markdown_table(["operator"] + [f"kept {k}" for k in keys], lines + [["total"] + [
-                f"{prof['ops'][k]['total_ms']:.1f}" for k in keys]]))
+            rows.setdefault(name, {})[k] = 100 * ms / prof["ops"][k]["total_ms"]
+    lines = [[name] + [f"{v[k]:.1f}%" if k in v else "-" for k in keys] for name, v in
+             sorted(rows.items(), key=lambda kv: -max(kv[1].values()))[:12]]
+    small = prof["ops"][keys[0]]
+    routing = sum(ms for name, ms, _ in small["top"] if re.search("gather|scatter", name)) / small["total_ms"]
+    return (f"\n\nThe routing's own gather and scatter operators take {100 * routing:.1f}% of the kept-{keys[0]} step."
+            "\n\nOne step by operator (share of the step's self CPU time in torch.profiler; '-': not among the "
+            "step's top 14), kept " + " and ".join(keys) + " tokens:\n\n" +
+            markdown_table(["operator"] + [f"kept {k}" for k in keys], lines))
 
 
 def plots(plan: Plan, study: Study, runs: dict) -> None:

@@ -14,11 +14,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def run(script: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def run(script: str, out: Path, *extra: str, timeout: int = 120) -> subprocess.CompletedProcess:
     from e2e_helpers import env
 
     proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out), *extra],
-                          env=env(out.parent), capture_output=True, text=True, timeout=120)
+                          env=env(out.parent), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -71,7 +71,7 @@ def test_pld_glue_quick_runs_and_reports(tmp_path):
 
 def test_data_efficiency_quick_runs_reports_and_resumes(tmp_path):
     out = tmp_path / "de"
-    run("data_efficiency.py", out)
+    run("data_efficiency.py", out, timeout=300)  # the analyzer, 4 arms and the profile: ~6 s of CPU
     names = {p.stem for p in (out / "runs").glob("*.json")}
     assert names == {"analysis", "ltd-profile", "baseline-s0", "curriculum-s0", "random_ltd-s0", "both-s0"}
     assert (out / "index" / "vocab_rarity" / "vocab_rarity_index_to_sample_percentile_merged.idx").is_file()
@@ -92,7 +92,7 @@ def test_data_efficiency_quick_runs_reports_and_resumes(tmp_path):
     assert "To the baseline's final held-out loss" in results and "the study is complete" in results
     assert "Where random-LTD's step time goes" in results and (out / "held_out.png").stat().st_size > 0
     (out / "runs" / "ltd-profile.json").unlink()
-    again = run("data_efficiency.py", out)  # resumes: only the missing job is redone
+    again = run("data_efficiency.py", out, timeout=300)  # resumes: only the missing job is redone
     assert again.stdout.count("[study] wrote") == 1
 
 
