@@ -1,4 +1,4 @@
-"""The two studies (benchmarks/curriculum.py, benchmarks/pld_glue.py) in their --quick mode: a
+"""The studies (benchmarks/curriculum.py, pld_glue.py, data_efficiency.py) in their --quick mode: a
 tiny model and a few steps on the real text, so the scripts keep working; their full runs are
 not part of the tests. Also the fixed spike/divergence rules, and that a rerun resumes."""
 
@@ -14,11 +14,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def run(script: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def run(script: str, out: Path, *extra: str, timeout: int = 120) -> subprocess.CompletedProcess:
     from e2e_helpers import env
 
     proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out), *extra],
-                          env=env(out.parent), capture_output=True, text=True, timeout=120)
+                          env=env(out.parent), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -67,6 +67,33 @@ def test_pld_glue_quick_runs_and_reports(tmp_path):
         assert (out / "glue" / folder / "train.tsv").read_text(encoding="utf-8").startswith(first)
     assert "Pretraining" in proc.stdout and "Fine-tuning" in proc.stdout
     assert (out / "pretraining.png").is_file()
+
+
+def test_data_efficiency_quick_runs_reports_and_resumes(tmp_path):
+    out = tmp_path / "de"
+    run("data_efficiency.py", out, timeout=300)  # the analyzer, 4 arms and the profile: ~6 s of CPU
+    names = {p.stem for p in (out / "runs").glob("*.json")}
+    assert names == {"analysis", "ltd-profile", "baseline-s0", "curriculum-s0", "random_ltd-s0", "both-s0"}
+    assert (out / "index" / "vocab_rarity" / "vocab_rarity_index_to_sample_percentile_merged.idx").is_file()
+    base, cur, ltd, both = (json.loads((out / "runs" / f"{a}-s0.json").read_text())
+                            for a in ("baseline", "curriculum", "random_ltd", "both"))
+    budget = base["token_budget"]
+    assert base["final"]["tokens"] == ltd["final"]["tokens"] == budget  # random-LTD trains every data token
+    assert all(budget <= r["final"]["tokens"] < budget + 4 * 64 for r in (cur, both))  # the step that reaches it
+    lengths = [s[2] for s in cur["steps"]]  # seqlen_truncate's fixed_root ramp cuts the early batches
+    assert lengths[0] < 64 and lengths == sorted(lengths) and lengths[-1] == 64 and len(cur["steps"]) > len(base["steps"])
+    metrics = cur["ds_config"]["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]
+    assert metrics["vocab_rarity"]["difficulty_type"] == "percentile" and "data_routing" not in cur["ds_config"]["data_efficiency"]
+    kept = [s[3] for s in ltd["steps"]]  # random-LTD keeps 16 -> 64 of 64 tokens while the data stays whole
+    assert kept[0] == 16 and kept[-1] == 64 and {s[2] for s in ltd["steps"]} == {64}
+    assert ltd["final"]["layer_tokens"] < ltd["final"]["tokens"]
+    assert all(s[3] <= s[2] for s in both["steps"]) and both["steps"][0][3] == 16
+    results = (out / "results.md").read_text()
+    assert "To the baseline's final held-out loss" in results and "the study is complete" in results
+    assert "Where random-LTD's step time goes" in results and (out / "held_out.png").stat().st_size > 0
+    (out / "runs" / "ltd-profile.json").unlink()
+    again = run("data_efficiency.py", out, timeout=300)  # resumes: only the missing job is redone
+    assert again.stdout.count("[study] wrote") == 1
 
 
 if __name__ == "__main__":
