@@ -1,15 +1,20 @@
 """ZeRO-Infinity at 1.23B parameters: one GPT on 2 ranks of this machine, parameters and optimizer on NVMe.
 
-    python benchmarks/infinity.py [--nvme-path DIR] [--layers 24] [--steps 3] [--skip-cpu] [--skip-trainer] [--skip-resume] [--only-trainer]
+    python benchmarks/infinity.py [--nvme-path DIR] [--layers 24] [--steps 3] [--global-batch 2]
+        [--dtype bf16] [--resume-dp 1,4] [--floor] [--record FILE] [--skip-cpu] [--skip-trainer]
+        [--skip-resume] [--skip-same-resume] [--only-trainer]
 
 The model: zerotrain's GPT, n_embd 2048, 24 layers, 16 heads, vocabulary 8192, 64 positions
 (1.23B parameters), built under `zerotrain.zero.Init()`, bf16, AdamW, ZeRO stage 3 with
 `offload_param` and `offload_optimizer` on nvme, zerotrain's default prefetch, live and reuse
-windows, micro batch 1 x 64 tokens per rank. One job
-at a time (each takes most of the machine), every job a torchrun of 2 processes:
+windows, micro batch 1 x 64 tokens, a global batch of `--global-batch` sequences (2: one per rank
+of a 2-rank job; more: accumulated). Sample j of step s is drawn from seed 1000 + s * batch + j
+whatever the job's size, so every size trains on the same batches. One job at a time (each takes
+most of the machine), a torchrun of 2 processes unless said:
 
-  nvme       3 steps; peak resident memory per rank (VmHWM) at the end of initialize and of the
-             run; seconds per step; the swap folders must be gone after the normal exit
+  nvme       3 steps; every rank's peak resident memory (VmHWM) in initialize and in the steps
+             (VmHWM reset between them); seconds per step; the swap folders must be gone after
+             the normal exit
   cpu        the same with `offload_optimizer: cpu` (and parameters on cpu): the losses of
              `nvme` must equal these to 1e-5 relative. At 24 layers this job holds the fp32 masters
              and moments in RAM, about 10 GiB per rank: more than this machine can give two ranks
@@ -17,13 +22,25 @@ at a time (each takes most of the machine), every job a torchrun of 2 processes:
   kill       nvme again, a checkpoint after step 1, then every rank SIGKILLs itself
   resume     from that checkpoint to step 3: its losses must equal `nvme`'s bit for bit; the
              swap folders the killed job left must be cleared at its start
+  train-dpN  with `--floor`, before each resume-dp: `nvme` on N processes, no checkpoint. In bf16
+             gradients are reduced in bf16, so N ranks round every update otherwise than 2: its
+             losses' distance from `nvme`'s is what the data size alone changes, and its peaks
+             what N ranks need to train (1 rank holds the whole gradient partition)
+  resume-dpN the killed job's checkpoint resumed on each data-parallel size N of `--resume-dp`
+             (1 and 4 processes) to step 3, the global batch kept by gradient accumulation
+             (`--global-batch 4` lets 1, 2 and 4 ranks share it): its losses must equal `nvme`'s
+             to 1e-5 relative, or to train-dpN's distance where that is larger; every rank's peak
+             RSS must stay at most the `nvme` job's largest; the load's own peak is measured
+             apart (VmHWM reset before and after it)
   consolidate  `zerotrain consolidate` of the resumed run's final checkpoint, its peak RSS
              (under 2 GiB is the target) and its output against the trained weights (the bf16
              rounding of each consolidated fp32 master equals the module's weight)
   trainer    the model saved as a folder, then `zerotrain train --model_name_or_path` at stage
              3 + NVMe for 3 steps: the trainer's ranks' peak RSS
 
-Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`.
+Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`; at most `nvme`'s in
+`resume-dp`. `--record FILE` writes every job's figures (per-rank peaks by phase, losses, times)
+as one JSON (docs/results/infinity/).
 """
 
 from __future__ import annotations
@@ -41,7 +58,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import status_kib  # noqa: E402
+from common import reset_peak_rss, status_kib  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -61,12 +78,20 @@ def ds_config(args, offload: str, nvme: str) -> dict:
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0,
             "offload_optimizer": {"device": offload, **({"nvme_path": nvme} if offload == "nvme" else {})},
             "offload_param": {"device": offload, **({"nvme_path": nvme} if offload == "nvme" else {})}}
-    return {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
-            "bf16": {"enabled": True}, "zero_optimization": zero,
+    return {"train_batch_size": args.global_batch, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+            "bf16": {"enabled": args.dtype == "bf16"}, "zero_optimization": zero,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}}
 
 
 # ---- worker: one rank of a torchrun job ------------------------------------------------------
+
+def _peak_kib(since_reset: bool) -> int:
+    """VmHWM, then a reset (when `since_reset`) so that the next phase's peak is its own."""
+    peak = status_kib("VmHWM")
+    if since_reset and not reset_peak_rss():
+        raise SystemExit("cannot reset VmHWM (/proc/self/clear_refs): the phases' peaks would mix")
+    return peak
+
 
 def worker(args) -> None:
     import torch
@@ -82,24 +107,31 @@ def worker(args) -> None:
     with zerotrain.zero.Init(config_dict_or_path=config):  # chunks kept in the config's bf16, as DeepSpeed's
         model = GPT(GPTConfig(**model_config(args)))
     engine, *_ = zerotrain.initialize(model=model, config=config)
-    start = 0
-    if args.load:
+    init = {"s": time.perf_counter() - t0, "hwm_kib": _peak_kib(since_reset=True)}
+    start, load = 0, None
+    if args.load:  # the load's own peak: VmHWM reset before it and after it
+        t = time.perf_counter()
         engine.load_checkpoint(args.load)
+        load = {"s": time.perf_counter() - t, "hwm_kib": _peak_kib(since_reset=True)}
         start = engine.global_steps
-    init = {"s": time.perf_counter() - t0, "hwm_kib": status_kib("VmHWM")}
     if rank == 0:
-        print(f"  initialized in {init['s']:.1f} s, VmHWM {init['hwm_kib'] / (1 << 20):.2f} GiB", flush=True)
+        print(f"  initialized in {init['s']:.1f} s, VmHWM {init['hwm_kib'] / (1 << 20):.2f} GiB"
+              + (f"; loaded in {load['s']:.1f} s, VmHWM {load['hwm_kib'] / (1 << 20):.2f} GiB" if load else ""),
+              flush=True)
+    accumulate = args.global_batch // world
     losses, times = [], []
     for step in range(start, args.steps):
-        g = torch.Generator().manual_seed(1000 + step * world + rank)
-        x = torch.randint(0, 8192, (1, args.seq), generator=g)
         t = time.perf_counter()
-        loss = engine(x, labels=x)
-        engine.backward(loss)
-        engine.step()
-        mean = loss.detach().float().reshape(1)
-        torch.distributed.all_reduce(mean)
-        losses.append(mean.item() / world)
+        total = torch.zeros(1)
+        for micro in range(accumulate):
+            g = torch.Generator().manual_seed(1000 + step * args.global_batch + micro * world + rank)
+            x = torch.randint(0, 8192, (1, args.seq), generator=g)
+            loss = engine(x, labels=x)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        engine.comm.all_reduce(total)  # a world of one has no process group: the facade's collectives
+        losses.append(total.item() / args.global_batch)
         times.append(time.perf_counter() - t)
         if rank == 0:
             print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {status_kib('VmHWM') / (1 << 20):.2f} GiB",
@@ -108,7 +140,7 @@ def worker(args) -> None:
             engine.save_checkpoint(args.save)
             if args.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
-    hwm = status_kib("VmHWM")
+    train = {"hwm_kib": _peak_kib(since_reset=False)}
     sums = {}
     if args.sums:  # after VmHWM is read: each weight gathered alone, summed in float64
         for name, p in engine.module.named_parameters():
@@ -116,10 +148,14 @@ def worker(args) -> None:
                 sums[name] = p.detach().double().sum().item()
         if args.save:
             engine.save_checkpoint(args.save)
+    phases = engine.comm.all_gather_object({"init": init["hwm_kib"], "load": load and load["hwm_kib"],
+                                            "train": train["hwm_kib"]})  # every rank's peaks, phase by phase
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"init": init, "hwm_kib": hwm, "losses": losses, "times": times,
-                                              "params": sum(p.numel() for p in engine.module.parameters()),
-                                              "sums": sums}))
+        peaks = [max(v for v in p.values() if v is not None) for p in phases]
+        Path(args.out).write_text(json.dumps({"init": init, "load": load, "world": world, "phases": phases,
+                                              "peaks_kib": peaks, "hwm_kib": max(peaks), "losses": losses,
+                                              "times": times, "sums": sums,
+                                              "params": sum(p.numel() for p in engine.module.parameters())}))
     engine.destroy()
 
 
@@ -136,10 +172,11 @@ def _freeze_source(work: Path) -> None:
     SRC = work / "src"
 
 
-def torchrun(args, offload: str, out: Path, **flags) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+def torchrun(args, offload: str, out: Path, nproc: int = 2, **flags) -> tuple[int, float]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            __file__, "--worker", "--offload", offload, "--out", str(out), "--nvme-path", args.nvme_path,
-           "--layers", str(args.layers), "--steps", str(args.steps), "--seq", str(args.seq)]
+           "--layers", str(args.layers), "--steps", str(args.steps), "--seq", str(args.seq),
+           "--global-batch", str(args.global_batch), "--dtype", args.dtype]
     for k, v in flags.items():
         cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     t = time.perf_counter()
@@ -159,11 +196,60 @@ def _fits(r: dict) -> bool:
     return r["hwm_kib"] <= RSS_TARGET_GIB * (1 << 20)
 
 
+def _gib(kib) -> str:
+    return "-" if kib is None else f"{kib / (1 << 20):.2f}"
+
+
 def _line(name: str, r: dict) -> str:
     per = sum(r["times"][1:]) / max(1, len(r["times"]) - 1) if len(r["times"]) > 1 else r["times"][0]
-    return (f"{name:<9} {r['params'] / 1e9:6.3f}B  init {r['init']['s']:6.1f} s, peak RSS by the end of "
-            f"initialize {r['init']['hwm_kib'] / (1 << 20):5.2f} GiB, at the end {r['hwm_kib'] / (1 << 20):5.2f} GiB "
-            f"per rank (rank 0); {per:6.1f} s/step; losses {['%.6f' % x for x in r['losses']]}")
+    ranks = "; ".join(f"rank {i}: {_gib(max(v for v in p.values() if v is not None))} (initialize "
+                      f"{_gib(p['init'])}, load {_gib(p['load'])}, steps {_gib(p['train'])})"
+                      for i, p in enumerate(r["phases"]))
+    return (f"{name:<9} {r['params'] / 1e9:6.3f}B, {r['world']} rank(s): init {r['init']['s']:6.1f} s"
+            + (f", load {r['load']['s']:.1f} s" if r["load"] else "") + f", {per:6.1f} s/step; "
+            f"peak RSS GiB {ranks}; losses {['%.6f' % x for x in r['losses']]}")
+
+
+def _floor(args, work: Path, nproc: int, train: dict) -> dict | None:
+    """What the data size alone changes, no checkpoint involved: `nproc` ranks train the same
+    steps from the same initial weights. Gradients are reduced in bf16 (the training dtype), so
+    another number of ranks rounds each update otherwise, and the losses after the first
+    update move apart by as much as the arithmetic allows."""
+    name = f"train-dp{nproc}"
+    code, _ = torchrun(args, "nvme", work / f"{name}.json", nproc=nproc)
+    if code != 0 or not (work / f"{name}.json").is_file():
+        print(f"{name}: the job failed (exit {code})", flush=True)
+        return None
+    r = json.loads((work / f"{name}.json").read_text())
+    r["relative_loss_difference"] = [abs(a - b) / abs(b) for a, b in zip(r["losses"], train["losses"])]
+    print(_line(name, r), flush=True)
+    print(f"{name}: relative difference from the {train['world']}-rank run's losses, step by step: "
+          f"{', '.join('%.2e' % x for x in r['relative_loss_difference'])} (no checkpoint: the arithmetic of "
+          f"{nproc} rank(s))", flush=True)
+    return r
+
+
+def _resume_dp(args, work: Path, ckpt: Path, nproc: int, train: dict, floor: dict | None) -> tuple[bool, dict | None]:
+    """The killed job's checkpoint resumed on `nproc` ranks: its losses against the uninterrupted
+    run's (the same batches, summed in another order) and its peaks against that run's."""
+    name = f"resume-dp{nproc}"
+    code, _ = torchrun(args, "nvme", work / f"{name}.json", nproc=nproc, load=ckpt)
+    if code != 0 or not (work / f"{name}.json").is_file():
+        print(f"{name}: the job failed (exit {code})", flush=True)
+        return False, None
+    r = json.loads((work / f"{name}.json").read_text())
+    diffs = [abs(a - b) / abs(b) for a, b in zip(r["losses"], train["losses"][1:])]
+    # the target: 1e-5, or no further from the 2-rank run than `nproc` ranks that never stopped
+    target = max([1e-5] + (floor["relative_loss_difference"][1:] if floor else []))
+    under = r["hwm_kib"] <= train["hwm_kib"]
+    r["relative_loss_difference"] = diffs
+    print(_line(name, r), flush=True)
+    print(f"{name}: relative difference from the uninterrupted {train['world']}-rank losses, step by step: "
+          f"{', '.join('%.2e' % x for x in diffs)} (target {target:.2e}); largest rank's peak {_gib(r['hwm_kib'])} "
+          f"GiB against the training job's {_gib(train['hwm_kib'])} ({'at most' if under else 'ABOVE'})"
+          + (f", against {_gib(floor['hwm_kib'])} of {nproc} rank(s) that never stopped" if floor else "")
+          + f"; swap folders now: {_swap_left(args.nvme_path) or 'none'}", flush=True)
+    return max(diffs) <= target and under and len(diffs) == len(train["losses"]) - 1, r
 
 
 def main() -> int:
@@ -184,8 +270,21 @@ def main() -> int:
     p.add_argument("--skip-trainer", action="store_true")
     p.add_argument("--only-trainer", action="store_true", help="only the trainer job")
     p.add_argument("--skip-resume", action="store_true", help="stop after nvme (and cpu): no kill, resume, "
-                   "consolidate or trainer")
+                   "resume-dp, consolidate or trainer")
+    p.add_argument("--skip-same-resume", action="store_true", help="no resume on 2 ranks and no consolidate")
+    p.add_argument("--resume-dp", default="1,4", help="data-parallel sizes of resume-dp, comma-separated; '' for none")
+    p.add_argument("--global-batch", type=int, default=2, help="sequences a step (a multiple of every job's size)")
+    p.add_argument("--record", help="write every job's figures to this JSON file")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the weights' dtype (fp32: gradients "
+                   "reduced in fp32, so another data size rounds only at fp32's level)")
+    p.add_argument("--floor", action="store_true", help="before each resume-dp, the same data size trains the same steps "
+                   "from scratch (train-dpN): how far that size's own arithmetic moves the losses, and its peaks")
     args = p.parse_args()
+    sizes = [int(n) for n in args.resume_dp.split(",") if n.strip()]
+    odd = [n for n in [2, *sizes] if args.global_batch % n]
+    if odd:
+        p.error(f"--global-batch {args.global_batch} is not a multiple of the job size(s) {odd}: pass one that is "
+                "(4 for sizes 1, 2 and 4)")
     if args.worker:
         worker(args)
         return 0
@@ -193,11 +292,10 @@ def main() -> int:
     _freeze_source(work)
     args.nvme_path = args.nvme_path or str(work / "swap")
     Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
-    ok = True
+    ok, results = True, {}
     try:
         if args.only_trainer:
             return _done(_trainer(args, work))
-        results = {}
         code, _ = torchrun(args, "nvme", work / "nvme.json")
         results["nvme"] = json.loads((work / "nvme.json").read_text())
         print(_line("nvme", results["nvme"]) + f" (peak target <= {RSS_TARGET_GIB} GiB)", flush=True)
@@ -217,17 +315,27 @@ def main() -> int:
         code, _ = torchrun(args, "nvme", work / "kill.json", save=ckpt, save_at=1, kill=True)
         left = _swap_left(args.nvme_path)
         print(f"kill: exit {code} after the checkpoint at step 1; swap folders left by the kill: {len(left)}")
-        code, _ = torchrun(args, "nvme", work / "resume.json", load=ckpt, sums=True, save=work / "final")
-        results["resume"] = json.loads((work / "resume.json").read_text())
-        print(_line("resume", results["resume"]) + f" (peak target <= {RSS_TARGET_GIB} GiB)", flush=True)
-        same = results["resume"]["losses"] == results["nvme"]["losses"][1:]
-        print(f"resumed losses equal the uninterrupted run's bit for bit: {same}; swap folders now: "
-              f"{_swap_left(args.nvme_path) or 'none'}")
-        ok &= code == 0 and same and not _swap_left(args.nvme_path) and _fits(results["resume"])
-        ok &= _consolidate(work, results["resume"]["sums"])
+        for nproc in sizes:
+            if args.floor:
+                results[f"train-dp{nproc}"] = _floor(args, work, nproc, results["nvme"])
+            fine, results[f"resume-dp{nproc}"] = _resume_dp(args, work, ckpt, nproc, results["nvme"],
+                                                             results.get(f"train-dp{nproc}"))
+            ok &= fine
+        if not args.skip_same_resume:
+            code, _ = torchrun(args, "nvme", work / "resume.json", load=ckpt, sums=True, save=work / "final")
+            results["resume"] = json.loads((work / "resume.json").read_text())
+            print(_line("resume", results["resume"]) + f" (peak target <= {RSS_TARGET_GIB} GiB)", flush=True)
+            same = results["resume"]["losses"] == results["nvme"]["losses"][1:]
+            print(f"resumed losses equal the uninterrupted run's bit for bit: {same}; swap folders now: "
+                  f"{_swap_left(args.nvme_path) or 'none'}")
+            ok &= code == 0 and same and not _swap_left(args.nvme_path) and _fits(results["resume"])
+            ok &= _consolidate(work, results["resume"]["sums"])
         if not args.skip_trainer:
             ok &= _trainer(args, work)
     finally:
+        if args.record:
+            Path(args.record).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "worker"},
+                                                     "jobs": results, "targets_met": bool(ok)}, indent=1) + "\n")
         shutil.rmtree(work, ignore_errors=True)
     return _done(ok)
 
