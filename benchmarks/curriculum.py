@@ -50,7 +50,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from study_runs import Job, Study, count_events, diverging, first_reach, machine, markdown_table, mean, plt  # noqa: E402
+from study_runs import (Job, Study, count_events, diverging, finish_report, first_reach, held_out_plot,  # noqa: E402
+                        machine, markdown_table, mean, plt)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -352,49 +353,17 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
     if notes:
         parts.append("Divergences (the run stops there): the held-out loss around each tells a one-batch jump "
                      "from a run gone off.\n\n" + "\n".join(notes))
-    todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
-    parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
     plots(plan, study, runs)
-    pngs = [p.name for p in sorted(study.root.glob("*.png"))]
-    if pngs:
-        parts.append("Plots: " + ", ".join(f"[{n}](results/{study.root.name}/{n})" for n in pngs) + "\n\n" +
-                     "\n".join(f"![{n}](results/{study.root.name}/{n})" for n in pngs))
-    text = "\n\n".join(parts)
-    (study.root / "results.md").write_text(text.replace("](results/curriculum/", "](") + "\n")
-    if page is not None and page.is_file():
-        replace_section(page, "curriculum", text)
-    return text
-
-
-def replace_section(page: Path, name: str, text: str) -> None:
-    src = page.read_text()
-    begin, end = f"<!-- {name}:begin (written by the study's --report) -->", f"<!-- {name}:end -->"
-    if begin in src and end in src:
-        head, rest = src.split(begin, 1)
-        page.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    return finish_report(study, jobs_, parts, page, "curriculum", link_plots=True)
 
 
 def plots(plan: Plan, study: Study, runs: dict) -> None:
     heads = {k: v for k, v in runs.items() if k.startswith("headline-")}
     colors = {"none": "tab:blue", "curriculum": "tab:orange"}
     if heads:
-        pyplot = plt()
-        fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
-        for rid, r in sorted(heads.items()):
-            ls = "-" if r["seed"] == plan.seeds[0] else "--"
-            for ax, key in zip(axes, ("tokens", "wall_s")):
-                ax.plot([e[key] for e in r["evals"]], [e["val_loss"] for e in r["evals"]], ls, color=colors[r["arm"]],
-                        marker="o", ms=2, label=f"{r['arm']} seed {r['seed']}")
-        for ax, label in zip(axes, ("tokens trained", "training wall-clock (s, steps only)")):
-            ax.set_xlabel(label)
-            ax.set_ylabel("held-out loss (nats/byte)")
-            ax.set_ylim(top=min(3.5, ax.get_ylim()[1]))
-            ax.legend()
         some = next(iter(heads.values()))
-        fig.suptitle(f"seqlen curriculum vs none, {some['params'] / 1e6:.1f}M-param GPT, same token budget")
-        fig.tight_layout()
-        fig.savefig(study.root / "headline.png", dpi=90)
-        pyplot.close(fig)
+        held_out_plot(study.root / "headline.png", heads, colors, plan.seeds[0], "tokens trained", 3.5,
+                      f"seqlen curriculum vs none, {some['params'] / 1e6:.1f}M-param GPT, same token budget")
     stab = {k: v for k, v in runs.items() if k.startswith("stab-")}
     if stab:
         pyplot = plt()

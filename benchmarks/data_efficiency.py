@@ -68,8 +68,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from curriculum import replace_section  # noqa: E402
-from study_runs import Job, Study, count_events, first_reach, machine, markdown_table, mean, plt  # noqa: E402
+from study_runs import (Job, Study, count_events, finish_report, first_reach, held_out_plot, machine,  # noqa: E402
+                        markdown_table, mean, plt)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -453,17 +453,8 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
                      f"steps) that line gives {expect:.2f}x tokens/s." +
                      (f" Choosing the kept tokens (the hash, top-k and sort for {n - 2} layers) takes "
                       f"{prof['choose_kept_s'] * 1e3:.1f} ms a step." if "choose_kept_s" in prof else "") + ops_table(prof))
-    todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
-    parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
     plots(plan, study, runs)
-    pngs = [p.name for p in sorted(study.root.glob("*.png"))]
-    if pngs:
-        parts.append("\n".join(f"![{n}](results/{study.root.name}/{n})" for n in pngs))
-    text = "\n\n".join(parts)
-    (study.root / "results.md").write_text(text.replace(f"](results/{study.root.name}/", "](") + "\n")
-    if page is not None and page.is_file():
-        replace_section(page, "data_efficiency", text)
-    return text
+    return finish_report(study, jobs_, parts, page, "data_efficiency")
 
 
 def expected_gain(plan: Plan, prof: dict) -> float:
@@ -495,25 +486,10 @@ def ops_table(prof: dict) -> str:
 
 def plots(plan: Plan, study: Study, runs: dict) -> None:
     got = {k: v for k, v in runs.items() if v.get("arm") in ARMS}
-    if not got:
-        return
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
-    for rid, r in sorted(got.items()):
-        ls = "-" if r["seed"] == plan.seeds[0] else "--"
-        for ax, key in zip(axes, ("tokens", "wall_s")):
-            ax.plot([e[key] for e in r["evals"]], [e["val_loss"] for e in r["evals"]], ls, color=COLORS[r["arm"]],
-                    marker="o", ms=2, label=f"{r['arm']} s{r['seed']}")
-    for ax, label in zip(axes, ("data tokens trained", "training wall-clock (s, steps only)")):
-        ax.set_xlabel(label)
-        ax.set_ylabel("held-out loss (nats/byte)")
-        ax.set_ylim(top=min(3.6, ax.get_ylim()[1]))
-        ax.legend(fontsize=7)
-    some = next(iter(got.values()))
-    fig.suptitle(f"Data Efficiency on a {some['params'] / 1e6:.1f}M-param GPT, same data-token budget")
-    fig.tight_layout()
-    fig.savefig(study.root / "held_out.png", dpi=90)
-    pyplot.close(fig)
+    if got:
+        some = next(iter(got.values()))
+        held_out_plot(study.root / "held_out.png", got, COLORS, plan.seeds[0], "data tokens trained", 3.6,
+                      f"Data Efficiency on a {some['params'] / 1e6:.1f}M-param GPT, same data-token budget")
 
 
 def main() -> None:

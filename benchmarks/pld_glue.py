@@ -62,7 +62,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from code_tasks import CLS, TASKS, encode, learnt, make_tasks, metrics, write_glue  # noqa: E402
-from study_runs import Job, Study, first_reach, machine, markdown_table, mean, plt  # noqa: E402
+from study_runs import Job, Study, finish_report, first_reach, machine, markdown_table, mean, plt  # noqa: E402
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -468,19 +468,8 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
                      "training rows; dev accuracy, STS-B-like Pearson; '(no)': not learnt):\n\n" +
                      markdown_table(["setting", "pre CoLA", "pre MRPC", "pre STS-B", "rand CoLA", "rand MRPC",
                                      "rand STS-B"], drows))
-    todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs_) if state != "done"]
-    parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
     plots(plan, study, runs)
-    pngs = [p.name for p in sorted(study.root.glob("*.png"))]
-    if pngs:
-        parts.append("\n".join(f"![{n}](results/{study.root.name}/{n})" for n in pngs))
-    text = "\n\n".join(parts)
-    (study.root / "results.md").write_text(text.replace(f"](results/{study.root.name}/", "](") + "\n")
-    if page is not None and page.is_file():
-        from curriculum import replace_section
-
-        replace_section(page, "pld_glue", text)
-    return text
+    return finish_report(study, jobs_, parts, page, "pld_glue")
 
 
 def plots(plan: Plan, study: Study, runs: dict) -> None:

@@ -215,3 +215,53 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def held_out_plot(path: Path, runs: dict, colors: dict, first_seed: int, tokens_label: str, top: float,
+                  title: str) -> None:
+    """Held-out loss against tokens trained and against wall-clock, one line per run (the first
+    seed solid, the others dashed), as the studies' headline figures draw it."""
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
+    for _, r in sorted(runs.items()):
+        ls = "-" if r["seed"] == first_seed else "--"
+        for ax, key in zip(axes, ("tokens", "wall_s")):
+            ax.plot([e[key] for e in r["evals"]], [e["val_loss"] for e in r["evals"]], ls, color=colors[r["arm"]],
+                    marker="o", ms=2, label=f"{r['arm']} seed {r['seed']}")
+    for ax, label in zip(axes, (tokens_label, "training wall-clock (s, steps only)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out loss (nats/byte)")
+        ax.set_ylim(top=min(top, ax.get_ylim()[1]))
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    pyplot.close(fig)
+
+
+def replace_section(page: Path, name: str, text: str) -> None:
+    """Put `text` between the page's `<!-- name:begin ... -->` and `<!-- name:end -->` marks (a
+    page without them is left as it is)."""
+    src = page.read_text()
+    begin, end = f"<!-- {name}:begin (written by the study's --report) -->", f"<!-- {name}:end -->"
+    if begin in src and end in src:
+        head, rest = src.split(begin, 1)
+        page.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+
+
+def finish_report(study: Study, jobs: list[Job], parts: list[str], page: Path | None, section: str,
+                  link_plots: bool = False) -> str:
+    """The report's common tail: the jobs still to run, the study's plots, results.md beside the
+    runs (its links relative to it) and the page's generated section (links from docs/)."""
+    todo = [f"`{job.name}` ({state})" for job, state in study.status(jobs) if state != "done"]
+    parts.append("Still to run: " + (", ".join(todo) if todo else "none; the study is complete") + ".")
+    pngs = [p.name for p in sorted(study.root.glob("*.png"))]
+    if pngs:
+        images = "\n".join(f"![{n}](results/{study.root.name}/{n})" for n in pngs)
+        links = "Plots: " + ", ".join(f"[{n}](results/{study.root.name}/{n})" for n in pngs) + "\n\n"
+        parts.append((links if link_plots else "") + images)
+    text = "\n\n".join(parts)
+    (study.root / "results.md").write_text(text.replace(f"](results/{study.root.name}/", "](") + "\n")
+    if page is not None and page.is_file():
+        replace_section(page, section, text)
+    return text
