@@ -50,8 +50,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from study_runs import (Job, Study, count_events, diverging, finish_report, first_reach, held_out_plot,  # noqa: E402
-                        machine, markdown_table, mean, plt)
+from study_runs import (Job, Study, count_events, diverging, evaluate_held_out, finish_report,  # noqa: E402
+                        first_reach, held_out_plot, machine, markdown_table, mean, plt)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -140,13 +140,8 @@ class Run:
                            round(self.cpu, 3)])
         self.diverged = diverging([s[3] for s in self.steps], self.warmup)
 
-    @torch.no_grad()
-    def evaluate(self, val_batches: list[torch.Tensor]) -> None:
-        self.engine.eval()
-        loss = sum(self.engine(b, labels=b).item() for b in val_batches) / len(val_batches)
-        self.engine.train()
-        self.evals.append({"step": len(self.steps), "tokens": self.tokens, "wall_s": round(self.wall, 3),
-                           "cpu_s": round(self.cpu, 3), "val_loss": loss})
+    def evaluate(self, val_batches: list) -> None:
+        evaluate_held_out(self, val_batches)
 
     def result(self) -> dict:
         losses = [s[3] for s in self.steps]

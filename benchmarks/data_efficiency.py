@@ -68,8 +68,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from study_runs import (Job, Study, count_events, finish_report, first_reach, held_out_plot, machine,  # noqa: E402
-                        markdown_table, mean, plt)
+from study_runs import (Job, Study, count_events, evaluate_held_out, finish_report, first_reach,  # noqa: E402
+                        held_out_plot, machine, markdown_table, mean)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -246,13 +246,8 @@ class Run:
                            float(self.engine.optimizer.param_groups[0]["lr"]), round(self.wall, 3),
                            round(self.cpu, 3)])
 
-    @torch.no_grad()
-    def evaluate(self, val_batches: list[torch.Tensor]) -> None:
-        self.engine.eval()
-        loss = sum(self.engine(b, labels=b).item() for b in val_batches) / len(val_batches)
-        self.engine.train()
-        self.evals.append({"step": len(self.steps), "tokens": self.tokens, "wall_s": round(self.wall, 3),
-                           "cpu_s": round(self.cpu, 3), "val_loss": loss})
+    def evaluate(self, val_batches: list) -> None:
+        evaluate_held_out(self, val_batches)
 
     def result(self) -> dict:
         losses = [s[4] for s in self.steps]

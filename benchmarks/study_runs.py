@@ -265,3 +265,16 @@ def finish_report(study: Study, jobs: list[Job], parts: list[str], page: Path | 
     if page is not None and page.is_file():
         replace_section(page, section, text)
     return text
+
+
+def evaluate_held_out(run, val_batches: list) -> None:
+    """Append to `run.evals` the held-out loss (eval mode, the mean over the fixed batches) with
+    where the run stands: its steps, tokens, wall-clock and CPU seconds so far."""
+    import torch
+
+    run.engine.eval()
+    with torch.no_grad():
+        loss = sum(run.engine(b, labels=b).item() for b in val_batches) / len(val_batches)
+    run.engine.train()
+    run.evals.append({"step": len(run.steps), "tokens": run.tokens, "wall_s": round(run.wall, 3),
+                      "cpu_s": round(run.cpu, 3), "val_loss": loss})
