@@ -138,5 +138,16 @@ def windows(stream: torch.Tensor, n: int, length: int, seed: int) -> torch.Tenso
     return torch.stack([stream[s: s + length] for s in starts.tolist()])
 
 
+def unigram_entropy(stream: torch.Tensor) -> float:
+    """Nats per byte of the bytes' own frequencies: the loss of a model that ignores context,
+    the plateau a language model sits on before it learns any."""
+    p = torch.bincount(stream, minlength=256).double()
+    p = p[p > 0] / p.sum()
+    return float(-(p * p.log()).sum())
+
+
 if __name__ == "__main__":
-    print(load_corpus().describe())
+    corpus = load_corpus()
+    print(corpus.describe())
+    print(f"byte unigram entropy: train {unigram_entropy(corpus.train):.3f}, held out "
+          f"{unigram_entropy(corpus.val):.3f} nats per byte")
