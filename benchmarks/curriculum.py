@@ -50,8 +50,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from study_runs import (Job, Study, count_events, diverging, evaluate_held_out, finish_report,  # noqa: E402
-                        first_reach, held_out_plot, machine, markdown_table, mean, plt)
+from study_runs import (Job, Study, count_events, diverging, finish_report,  # noqa: E402
+                        first_reach, held_out_plot, machine, markdown_table, mean, plt, race_by_tokens)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -140,9 +140,6 @@ class Run:
                            round(self.cpu, 3)])
         self.diverged = diverging([s[3] for s in self.steps], self.warmup)
 
-    def evaluate(self, val_batches: list) -> None:
-        evaluate_held_out(self, val_batches)
-
     def result(self) -> dict:
         losses = [s[3] for s in self.steps]
         return {**self.record, "steps": self.steps, "evals": self.evals, "events": count_events(losses, self.warmup),
@@ -156,17 +153,7 @@ def race(runs: list[Run], corpus, plan: Plan, eval_every: int) -> dict:
     print(corpus.describe(), flush=True)
     val = windows(corpus.val, plan.eval_windows, plan.seq, seed=10**6)
     val_batches = list(val.split(16))
-    for run in runs:
-        run.evaluate(val_batches)
-    while True:
-        live = [r for r in runs if r.live]
-        if not live:
-            break
-        run = min(live, key=lambda r: r.tokens)
-        before = run.tokens // eval_every
-        run.step(corpus.train)
-        if run.tokens // eval_every > before or not run.live:
-            run.evaluate(val_batches)
+    race_by_tokens(runs, val_batches, eval_every, lambda run: run.step(corpus.train))
     out = {}
     for run in runs:
         res = run.result()

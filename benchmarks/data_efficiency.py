@@ -68,8 +68,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from study_runs import (Job, Study, count_events, evaluate_held_out, finish_report, first_reach,  # noqa: E402
-                        held_out_plot, machine, markdown_table, mean)
+from study_runs import (Job, Study, count_events, finish_report, first_reach,  # noqa: E402
+                        held_out_plot, machine, markdown_table, mean, race_by_tokens)
 from study_text import load_corpus, windows  # noqa: E402
 
 ROOT = HERE.parent
@@ -246,9 +246,6 @@ class Run:
                            float(self.engine.optimizer.param_groups[0]["lr"]), round(self.wall, 3),
                            round(self.cpu, 3)])
 
-    def evaluate(self, val_batches: list) -> None:
-        evaluate_held_out(self, val_batches)
-
     def result(self) -> dict:
         losses = [s[4] for s in self.steps]
         from zerotrain.features.random_ltd import RandomLTDFeature
@@ -263,17 +260,7 @@ class Run:
 
 def race(runs: list[Run], val_batches: list[torch.Tensor], eval_every: int) -> dict:
     """Step whichever live run has trained fewest tokens until every budget is spent."""
-    for run in runs:
-        run.evaluate(val_batches)
-    while True:
-        live = [r for r in runs if r.live]
-        if not live:
-            break
-        run = min(live, key=lambda r: r.tokens)
-        before = run.tokens // eval_every
-        run.step()
-        if run.tokens // eval_every > before or not run.live:
-            run.evaluate(val_batches)
+    race_by_tokens(runs, val_batches, eval_every, lambda run: run.step())
     out = {}
     for run in runs:
         out[run.id] = run.result()

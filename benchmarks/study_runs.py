@@ -278,3 +278,20 @@ def evaluate_held_out(run, val_batches: list) -> None:
     run.engine.train()
     run.evals.append({"step": len(run.steps), "tokens": run.tokens, "wall_s": round(run.wall, 3),
                       "cpu_s": round(run.cpu, 3), "val_loss": loss})
+
+
+def race_by_tokens(runs: list, val_batches: list, eval_every: int, step) -> None:
+    """Step (`step(run)`) whichever live run has trained fewest tokens until none is live, each
+    evaluated at the start, every `eval_every` tokens and at its end: runs that share a process
+    this way share the machine's load alike."""
+    for run in runs:
+        evaluate_held_out(run, val_batches)
+    while True:
+        live = [r for r in runs if r.live]
+        if not live:
+            return
+        run = min(live, key=lambda r: r.tokens)
+        before = run.tokens // eval_every
+        step(run)
+        if run.tokens // eval_every > before or not run.live:
+            evaluate_held_out(run, val_batches)
