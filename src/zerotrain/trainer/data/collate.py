@@ -54,6 +54,28 @@ class Collator:
         return batch
 
 
+def pad_to_length(batch, length: int, pad_id: int = 0) -> dict:
+    """Right-pad a collated batch's token columns (every tensor of shape (rows, width, ...) with
+    the width of input_ids) to `length`: input_ids with pad_id, labels with -100 (the loss's
+    ignore index), position_ids counting on, the rest (attention_mask, token_type_ids) with 0.
+    A pipeline runs one shape per step, so each micro-batch is padded to its step's longest
+    sample; padding after a row's tokens changes no real token's output or loss."""
+    width = batch["input_ids"].shape[1]
+    if width >= length:
+        return batch
+    extra, out = length - width, dict(batch)
+    for key, t in batch.items():
+        if not torch.is_tensor(t) or t.dim() < 2 or t.shape[1] != width:
+            continue  # classification labels, per-row values
+        if key == "position_ids":
+            tail = t[:, -1:] + torch.arange(1, extra + 1, dtype=t.dtype)
+        else:
+            value = pad_id if key == "input_ids" else -100 if key == "labels" else 0
+            tail = t.new_full((t.shape[0], extra, *t.shape[2:]), value)
+        out[key] = torch.cat([t, tail], dim=1)
+    return out
+
+
 def mask_tokens(batch: dict, tokenizer, probability: float, generator: torch.Generator | None = None) -> dict:
     """BERT masking: pick `probability` of the real tokens; of those 80% -> mask, 10% -> a
     random token, 10% unchanged. Labels hold the original id at picked positions, else -100."""

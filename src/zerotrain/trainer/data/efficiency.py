@@ -10,7 +10,10 @@
     dynamic batching       the token-batch loader is built here, before the engine, from the
                            set's length column (or metrics_path's seqlen files): the LR schedule
                            needs the step count, which is the packing's; after initialize it
-                           becomes the engine's, its LR scaled per step (attach_variable_batch)
+                           becomes the engine's, its LR scaled per step (attach_variable_batch).
+                           Through pipeline stages a step's micro-batches must share one shape:
+                           the packs are made with equal sample counts (the engine's rule) and
+                           each collated micro-batch is padded to its step's longest sample
 
 An epoch of the trainer is the training set's sample count: len // train_batch_size steps under
 the curriculum (its sampler draws from clusters, so an epoch is a count, not a pass), the
@@ -28,16 +31,42 @@ from ...data.curriculum_loader import BUILT_IN, built_in_post_process, curriculu
 from ...data_efficiency.variable_batch_size_and_lr import (attach_variable_batch, build_variable_batch_training,
                                                            dynamic_batching_on, measured_seqlens)
 from ...errors import ConfigError
+from .collate import pad_to_length
 from .sampler import sample_lengths
 
 WHERE = "data_efficiency.data_sampling"
 
 
+class StepLengthCollate:
+    """The token-batch loader's collate function through pipeline stages: the sampler hands each
+    sample with its step's longest length (with_step_length), and the trainer's collator's batch
+    is padded to it, whatever that collator is."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.pad_id = getattr(collator, "pad_id", 0)
+
+    def __call__(self, tagged: list) -> dict:
+        return pad_to_length(self.collator([sample for sample, _ in tagged]), tagged[0][1], self.pad_id)
+
+
+def with_step_length(sample, length: int) -> tuple:
+    """The loader's sample_padding_fn: the trainer's samples are token lists its collator pads,
+    so the step's length travels beside the sample to StepLengthCollate."""
+    return sample, length
+
+
+def equal_micro_batches(plan) -> bool:
+    """Whether a step's micro-batches must share one shape: through pipeline stages."""
+    return plan.parallel.pipeline > 1
+
+
 class DrawnBatches:
     """The trainer's loader and sampler (set_epoch, iteration, micro-batches per epoch) over the
-    loader data_efficiency makes."""
+    loader data_efficiency makes; `equal`: every micro-batch of a step one shape."""
 
-    def __init__(self, kind: str, dataset, config, args, data_rank: int, data_world: int, collator):
+    def __init__(self, kind: str, dataset, config, args, data_rank: int, data_world: int, collator,
+                 equal: bool = False):
         self.kind, self.dataset, self.config, self.collator = kind, dataset, config, collator
         self.micro, self.ga = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.loader, self.sampler, self._left = None, None, 0
@@ -49,8 +78,10 @@ class DrawnBatches:
             return
         block = config.data_efficiency.data_sampling.dynamic_batching
         seqlens = measured_seqlens(dataset, block) if block.metrics_path else sample_lengths(dataset)
-        self.loader, _, _ = build_variable_batch_training(dataset, config, data_rank, data_world, collator,
-                                                          seqlens=seqlens)
+        pad = dict(collate_fn=StepLengthCollate(collator), sample_padding_fn=with_step_length) if equal else \
+            dict(collate_fn=collator)
+        self.loader, _, _ = build_variable_batch_training(dataset, config, data_rank, data_world, pipeline=equal,
+                                                          seqlens=seqlens, **pad)
         self.sampler = self.loader.batch_sampler
         if self.micro_per_epoch(0) == 0:
             raise ConfigError(f"{WHERE}.dynamic_batching: an epoch packs no whole step of train_batch_size "
@@ -141,9 +172,6 @@ def sampling_kind(plan) -> str | None:
     if args.dataloader_num_workers:
         raise ConfigError(f"dataloader_num_workers: {WHERE}.{what}'s loader takes its workers from "
                           f"{WHERE}.num_workers; set that instead")
-    if kind == "dynamic_batching" and plan.parallel.pipeline > 1:
-        raise ConfigError(f"{WHERE}.dynamic_batching: the trainer does not batch by tokens through pipeline stages; "
-                          "set --pipeline_parallel_size 1 or disable dynamic batching")
     for name, spec in (plan.config.data_efficiency.data_sampling.curriculum_learning.curriculum_metrics or {}).items():
         if kind == "curriculum" and spec.clustering_type == "single_cluster" and name not in BUILT_IN:
             raise ConfigError(f"{WHERE}.curriculum_learning.curriculum_metrics.{name}: a single_cluster metric picks "
@@ -155,4 +183,6 @@ def sampling_kind(plan) -> str | None:
 def drawn_batches(plan, dataset, args, data_rank: int, data_world: int, collator) -> DrawnBatches | None:
     """The data_efficiency loader the config asks for, or None (the trainer's own sampler)."""
     kind = sampling_kind(plan) if dataset is not None else None
-    return DrawnBatches(kind, dataset, plan.config, args, data_rank, data_world, collator) if kind else None
+    if not kind:
+        return None
+    return DrawnBatches(kind, dataset, plan.config, args, data_rank, data_world, collator, equal_micro_batches(plan))

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from zerotrain.trainer.data.collate import Collator
+from zerotrain.trainer.data.collate import Collator, pad_to_length
 from zerotrain.trainer.data.sampler import EvalSampler, TrainSampler, plan_epoch
 
 
@@ -81,3 +81,20 @@ def test_collator_labels_ignore_padding():
     assert b["labels"].tolist() == [[1, 2, 3], [4, -100, -100]]
     c = Collator("classification", 0)([{"input_ids": [1], "labels": 1}, {"input_ids": [2, 3], "labels": 0}])
     assert c["labels"].tolist() == [1, 0] and torch.equal(c["attention_mask"], torch.tensor([[1, 0], [1, 1]]))
+
+
+def test_pad_to_length_pads_as_the_collator_does_for_a_longer_batch():
+    """A micro-batch padded to its pipeline step's longest sample is the collator's batch with
+    that sample beside it, less its row: the loss sees the same tokens."""
+    samples = [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]
+    longer = Collator("clm", pad_id=7)(samples + [{"input_ids": [5] * 6}])
+    padded = pad_to_length(Collator("clm", pad_id=7)(samples), 6, pad_id=7)
+    assert padded.keys() == longer.keys()
+    for key in padded:
+        assert torch.equal(padded[key], longer[key][:2]), key
+    pairs = [{"input_ids": [1], "labels": 1}, {"input_ids": [2, 3], "labels": 0}]
+    c = pad_to_length(Collator("classification", 0)(pairs), 4)
+    assert c["labels"].tolist() == [1, 0] and c["attention_mask"].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0]]
+    packed = {"input_ids": torch.tensor([[1, 2]]), "position_ids": torch.tensor([[0, 1]])}
+    assert pad_to_length(packed, 4)["position_ids"].tolist() == [[0, 1, 2, 3]]
+    assert pad_to_length(packed, 2) is packed  # wide enough already
