@@ -33,7 +33,7 @@ def run(options: Options, callbacks=()) -> dict:
     model_args, data_args, train_args = options.model, options.data, options.training
     comm = Comm(init_parallel(timeout_s=train_args.ddp_timeout))
     check_nodes(comm)
-    plan = preflight(options, comm.world_size, comm=comm)
+    plan = preflight(options, comm.world_size, comm=comm, callbacks=bool(callbacks))
     train_args = plan.options
     revision, remote_code = model_args.model_revision, model_args.trust_remote_code
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.model_name_or_path, revision, remote_code)

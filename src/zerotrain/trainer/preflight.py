@@ -8,7 +8,8 @@ a mistake in the DeepSpeed config or an option costs a second, not the ~12 s of 
     the run plan    (plan.py) output_dir not someone else's run (unless --overwrite_output_dir
                     or resuming); the DeepSpeed config built from the options, typed and
                     validated for the world size; the data_efficiency block's batches agree
-                    with the options
+                    with the options; a `custom` curriculum schedule has someone to set its
+                    function (a callback; the command line has none)
     LR schedule     built once on a stand-in optimizer (bad lr_scheduler_kwargs fail here)
 
 Run by the launcher before it starts any rank, and by every rank before it loads anything:
@@ -28,9 +29,10 @@ from .args import TrainingArguments, check_data_plan
 from .plan import STAND_IN_STEPS, Options, RunPlan, plan_run
 
 
-def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
+def preflight(options: Options, world_size: int, comm=None, callbacks: bool = False) -> RunPlan:
     """The run plan for these options on `world_size` processes (`comm`: this rank's), once
-    every file they name exists."""
+    every file they name exists. `callbacks`: the run has Python callbacks, which may set a
+    custom curriculum schedule's function."""
     from .data.chat import check_chat_template
     from .data.efficiency import sampling_kind
     from .data.tokenizer import check_tokenizer_source
@@ -54,7 +56,36 @@ def preflight(options: Options, world_size: int, comm=None) -> RunPlan:
     plan = check_deepspeed_config(train_args, options.explicit, world_size, data_args.block_size, comm=comm,
                                   model_options=model_args, data_options=data_args)
     sampling_kind(plan)  # the data_efficiency block's batches against the options (data/efficiency.py)
+    if not callbacks and train_args.do_train is not False:
+        refuse_custom_schedules(plan.config)
     return plan
+
+
+def custom_schedules(cfg) -> list[str]:
+    """The enabled curriculum schedules of schedule_type custom, by their config path: the
+    difficulty is a Python function (engine.set_custom_curriculum_learning_schedule)."""
+    from ..data.curriculum_loader import curriculum_sampling_on
+
+    found = []
+    legacy = cfg.curriculum_learning
+    if legacy is not None and legacy.enabled and legacy.schedule_type == "custom":
+        found.append("curriculum_learning")
+    if curriculum_sampling_on(cfg):
+        metrics = cfg.data_efficiency.data_sampling.curriculum_learning.curriculum_metrics or {}
+        found += [f"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.{name}"
+                  for name, spec in metrics.items() if spec.schedule_type == "custom"]
+    return found
+
+
+def refuse_custom_schedules(cfg) -> None:
+    """`zerotrain train` has no Python to set a custom schedule's function: without this line
+    the run would load everything and fail at its first batch."""
+    found = custom_schedules(cfg)
+    if found:
+        raise ConfigError(f"{found[0]}.schedule_type custom: the command line cannot set its difficulty function; "
+                          "use fixed_linear, fixed_root or fixed_discrete, or train from Python and call "
+                          "engine.set_custom_curriculum_learning_schedule(fn) (with zerotrain.Trainer: "
+                          "trainer.engine's, in a callback's on_train_begin)")
 
 
 def check_deepspeed_config(train_args: TrainingArguments, explicit: set[str], world_size: int,

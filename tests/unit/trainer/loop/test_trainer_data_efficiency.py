@@ -1,9 +1,12 @@
 """zerotrain train with the data_efficiency block's sampling side: the curriculum by a metric
 drawing the trainer's batches from `zerotrain analyze`'s index files, seqlen_truncate cutting
 them, dynamic batching making token batches with the LR scaled, and a resume continuing the
-same batches; what the trainer cannot honour is one line."""
+same batches; what the trainer cannot honour is one line (a custom curriculum schedule from the
+command line, which cannot set its function, while a Python callback can)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -157,3 +160,37 @@ def test_what_the_trainer_cannot_honour_is_one_line(tmp_path, change, line, befo
     with pytest.raises(ConfigError, match=line.replace("(", r"\(")):
         run(options(tmp_path, deepspeed=ds, **change))
     assert (tmp_path / "cache").exists() != before_data  # what the options decide is refused before the data loads
+
+
+CUSTOM = {"difficulty_type": "value", "clustering_type": "single_cluster", "min_difficulty": 8, "max_difficulty": 32,
+          "schedule_type": "custom"}
+LEGACY_CUSTOM = {"curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
+                                         "max_difficulty": 32, "schedule_type": "custom"}}
+
+
+@pytest.mark.parametrize("ds, where", [
+    (curriculum({"seqlen_truncate": CUSTOM}), "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics."
+                                              "seqlen_truncate"),
+    (LEGACY_CUSTOM, "curriculum_learning"),
+])
+def test_a_custom_schedule_from_the_command_line_is_one_line_before_the_data(tmp_path, capsys, ds, where):
+    values = {**options(tmp_path), "deepspeed": json.dumps(ds)}
+    assert cli(["train", *[item for key, value in values.items() for item in (f"--{key}", str(value))]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"zerotrain: error: {where}.schedule_type custom: the command line cannot set its difficulty "
+                   "function; use fixed_linear, fixed_root or fixed_discrete, or train from Python and call "
+                   "engine.set_custom_curriculum_learning_schedule(fn) (with zerotrain.Trainer: trainer.engine's, "
+                   "in a callback's on_train_begin)"]
+    assert not (tmp_path / "cache").exists()  # refused before the tokenizer and the data load
+
+
+def test_a_python_callback_sets_the_custom_schedule(tmp_path):
+    class Schedule(TrainerCallback):
+        def on_train_begin(self, trainer):
+            trainer.engine.set_custom_curriculum_learning_schedule({"seqlen_truncate": lambda step: 8 * (step % 4 + 1)})
+
+    inputs = Inputs()
+    ds = curriculum({"seqlen_truncate": CUSTOM})
+    _, recs = run(options(tmp_path, deepspeed=ds, validation_split_percentage=0, max_steps=4), [Schedule(), inputs])
+    assert [r["difficulty_seqlen_truncate"] for r in recs if "loss" in r] == [16, 24, 32, 32]  # frozen at max
+    assert [len(ids[0]) for _, ids in inputs.seen] == [16, 24, 32, 32]
