@@ -14,7 +14,9 @@ DeepSpeed config, as a DeepSpeed user drives it:
   analysis    zerotrain.data_efficiency.DataAnalyzer over the pool: total_vocab_freq
               (accumulated), then vocab_rarity per sample (sum of -log p(byte)); the index
               files the curriculum sampler reads (kept under --index, not committed; their
-              sizes, times and the metric's spread go to runs/analysis.json)
+              sizes, times and the metric's spread go to runs/analysis.json, which is what
+              marks the job done: a race that finds no index files makes them again first,
+              in about 20 s of analyzer time)
   baseline    the pool in a seeded order, full windows
   curriculum  data_efficiency.data_sampling.curriculum_learning with two metrics, as
               Megatron-DeepSpeed's GPT recipe pairs them: vocab_rarity (percentile,
@@ -151,6 +153,15 @@ def analyse(pool: Pool, index: Path) -> dict:
             "rarity_percentiles": {str(p): float(np.percentile(values, p)) for p in (0, 1, 10, 50, 90, 99, 100)},
             "commonest_bytes": [chr(b) for b in np.argsort(-counts, kind="stable")[:10].tolist()],
             "bytes_seen": int((counts > 0).sum())}
+
+
+def index_ready(pool: Pool, index: Path) -> None:
+    """The index files the curriculum arms read: the analysis job writes them to --index, which
+    is not in git, so on a fresh checkout (the job done by its committed record) a race makes
+    them again here, the same files from the same pool."""
+    if not Path(index_paths(index)["index_to_sample_path"] + ".idx").is_file():
+        print(f"[study] no index files under {index}: running the analyzer again", flush=True)
+        analyse(pool, index)
 
 
 def index_paths(index: Path) -> dict:
@@ -324,8 +335,8 @@ def profile(plan: Plan, pool: Pool, index: Path, clusters: Path) -> dict:
 def jobs(plan: Plan, study: Study, data, index: Path) -> list[Job]:
     clusters = index / "clusters"  # the sampler's cluster files: beside the index, not in the results
     out = [Job("analysis", ["analysis"], lambda: {"analysis": {"id": "analysis", **analyse(data()["pool"], index)}},
-               f"DataAnalyzer over {plan.pool:,} windows: total_vocab_freq, vocab_rarity",
-               done=lambda: (index / "vocab_rarity" / "vocab_rarity_index_to_sample_percentile_merged.idx").is_file())]
+               f"DataAnalyzer over {plan.pool:,} windows: total_vocab_freq, vocab_rarity (index files under "
+               f"{index.name}/, remade by a race that lacks them)")]
     out.append(Job("ltd-profile", ["ltd-profile"], lambda: {"ltd-profile": profile(plan, data()["pool"], index, clusters)},
                    "random-LTD step time at fixed kept lengths, and by operator", needs=["analysis"]))
     budget = plan.steps * plan.batch * plan.seq
@@ -335,6 +346,7 @@ def jobs(plan: Plan, study: Study, data, index: Path) -> list[Job]:
         def fn(seed=seed):
             d = data()
             print(d["corpus"].describe(), flush=True)
+            index_ready(d["pool"], index)
             runs = [Run(plan, arm, seed, d["pool"], index, clusters) for arm in ARMS]
             out = race(runs, d["val"], max(1, budget // plan.evals))
             for rec in out.values():

@@ -5,6 +5,7 @@ not part of the tests. Also the fixed spike/divergence rules, and that a rerun r
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,13 @@ def test_data_efficiency_quick_runs_reports_and_resumes(tmp_path):
     (out / "runs" / "ltd-profile.json").unlink()
     again = run("data_efficiency.py", out, timeout=300)  # resumes: only the missing job is redone
     assert again.stdout.count("[study] wrote") == 1
+    shutil.rmtree(out / "index")  # a fresh checkout: the committed records, no index files (build/ is not in git)
+    listed = run("data_efficiency.py", out, "--list").stdout.splitlines()
+    assert listed[0].split()[:2] == ["analysis", "done"] and all(line.split()[1] == "done" for line in listed)
+    (out / "runs" / "both-s0.json").unlink()
+    again = run("data_efficiency.py", out, timeout=300)  # the race needs the index: made again first
+    assert "running the analyzer again" in again.stdout and "runs/analysis.json" not in again.stdout  # job done
+    assert (out / "index" / "vocab_rarity" / "vocab_rarity_index_to_sample_percentile_merged.idx").is_file()
 
 
 if __name__ == "__main__":
