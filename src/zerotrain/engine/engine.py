@@ -76,6 +76,10 @@ class Engine(torch.nn.Module):
         self._window_overflows = 0
         self._last_overflow_log = -(10**9)
         self._consecutive_skips = 0
+        # calls that cannot run now, each with the one line that says why and how to go on (set
+        # by whatever takes states off their device: engine.offload_states); empty while training
+        # can run, so forward, backward and step pay one truth test
+        self.blocked_calls: dict[str, str] = {}
 
     # ---- DeepSpeed-style accessors -------------------------------------------------------
     @property
@@ -148,7 +152,14 @@ class Engine(torch.nn.Module):
         return any(feature.should_stop(self) for feature in self.features)
 
     # ---- the loop ------------------------------------------------------------------------
+    def check_runnable(self, call: str) -> None:
+        """Raise the line blocked_calls holds for `call`, if any."""
+        if call in self.blocked_calls:
+            raise RuntimeError(self.blocked_calls[call])
+
     def forward(self, *args, **kwargs):
+        if self.blocked_calls:
+            self.check_runnable("forward")
         if self.module.training:
             for feature in self.features:
                 args, kwargs = feature.before_forward(self, args, kwargs)
@@ -166,6 +177,8 @@ class Engine(torch.nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise TypeError("engine.backward expects the scalar loss tensor returned by the model")
+        if self.blocked_calls:
+            self.check_runnable("backward")
         self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
         scale = self.loss_scale / self.gradient_accumulation_steps() * self.strategy.averaging.in_loss
         with self._timers("backward"):
@@ -178,6 +191,8 @@ class Engine(torch.nn.Module):
         return loss
 
     def step(self, lr_kwargs: dict | None = None) -> None:
+        if self.blocked_calls:
+            self.check_runnable("step")
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             if self.optimizer is None:

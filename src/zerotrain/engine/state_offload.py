@@ -12,11 +12,14 @@ class StateOffload:
     def offload_states(self, include=None, device="cpu", pin_memory: bool = True, non_blocking: bool = False) -> None:
         """Move the states in `include` (OffloadStateTypeEnum members or their names; None:
         all) to `device` (OffloadDeviceEnum.cpu), pinned with a GPU and `pin_memory`."""
-        self._state_mover().offload(include, device, pin_memory, non_blocking)
+        mover = self._state_mover()
+        mover.offload(include, device, pin_memory, non_blocking)
+        self.blocked_calls = mover.blocked_calls()  # until reload_states
 
     def reload_states(self, non_blocking: bool = False) -> None:
         """Every state offload_states moved, back to the device it came from."""
         self._state_mover().reload(non_blocking)
+        self.blocked_calls = {}
 
     def _state_mover(self):
         if "_moved_states" not in self.__dict__:  # plain attribute: nn.Module's setattr would register nothing

@@ -107,6 +107,8 @@ class PipelineEngine(TrainingEngine):
         the whole global batch, on every rank."""
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() under torch.no_grad()")
+        if self.blocked_calls:
+            self.check_runnable("train_batch")
         self.module.train()
         count = self.gradient_accumulation_steps()
         self._armed = False
@@ -142,6 +144,8 @@ class PipelineEngine(TrainingEngine):
         if return_logits or not compute_loss or reduce_output != "avg" or not bcast_loss:
             raise ConfigError("eval_batch: zerotrain returns the mean loss on every rank; return_logits, "
                               "compute_loss=False, reduce_output other than 'avg' and bcast_loss=False are not supported")
+        if self.blocked_calls:
+            self.check_runnable("eval_batch")
         count = num_micro_batches or self.gradient_accumulation_steps()
         was_training = self.module.training
         self.module.eval()

@@ -123,6 +123,14 @@ def state_seeds(strategy, optimizer, kind: OffloadStateTypeEnum) -> list:
     return [[b.data for b in strategy.reducer.buckets]]  # contiguous_grad_buffer: None between steps
 
 
+# the states each engine call reads or writes (a pipeline's train_batch runs all three)
+NEEDS = {"forward": {OffloadStateTypeEnum.lp_params},
+         "backward": {OffloadStateTypeEnum.lp_params, OffloadStateTypeEnum.lp_grads},
+         "step": {OffloadStateTypeEnum.lp_params, OffloadStateTypeEnum.lp_grads, OffloadStateTypeEnum.hp_params,
+                  OffloadStateTypeEnum.optim_states}}
+NEEDS |= {"train_batch": NEEDS["step"], "eval_batch": NEEDS["forward"]}
+
+
 def _key(t: torch.Tensor) -> tuple:
     s = t.untyped_storage()
     return s.device, s.data_ptr()
@@ -238,6 +246,21 @@ class EngineStates:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         release_freed_memory()  # the host's side of empty_cache: freed heap pages back to the system
+
+    def blocked_calls(self) -> dict[str, str]:
+        """{engine call: the line it raises} for the calls that need an offloaded state; the
+        same with or without a GPU (on the CPU nothing moved, but the same script on a GPU
+        would compute with tensors on two devices, or fail in torch's words)."""
+        shared = {OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.lp_params}
+        out = {}
+        for call, needs in NEEDS.items():
+            if needs & shared and not self.strategy.separate_masters:
+                needs = needs | shared  # the masters are the model's own storage: one moves with the other
+            away = [k.value for k in KINDS if k in needs & self.offloaded]
+            if away:
+                out[call] = (f"engine.{call}(): the {', '.join(away)} are offloaded (engine.offload_states()); "
+                             "call engine.reload_states() first")
+        return out
 
     def reload(self, non_blocking: bool = False) -> None:
         self._check("reload_states")

@@ -99,3 +99,49 @@ def test_reload_after_offload_trains_on():
     engine.step()
     assert engine.global_steps == 2
     engine.destroy()
+
+
+def _refused(call) -> str:
+    with pytest.raises(RuntimeError) as err:
+        call()
+    return str(err.value)
+
+
+def test_training_while_states_are_offloaded_is_one_line():
+    engine = _engine(2)
+    x = torch.randn(2, 4)
+    engine.offload_states(include=[S.optim_states])
+    loss = engine(x).sum()  # the model's values and gradients are in place: forward and backward run
+    engine.backward(loss)
+    assert _refused(engine.step) == ("engine.step(): the optim_states are offloaded (engine.offload_states()); "
+                                     "call engine.reload_states() first")
+    engine.offload_states()
+    assert _refused(lambda: engine(x)).startswith("engine.forward(): the hp_params, lp_params are offloaded")
+    assert _refused(lambda: engine.backward(loss)).startswith("engine.backward(): the hp_params, lp_params, lp_grads")
+    engine.reload_states()
+    engine.step()
+    assert engine.global_steps == 2
+    engine.destroy()
+
+
+def test_a_pipeline_batch_while_states_are_offloaded_is_one_line():
+    from zerotrain.pipe import PipelineModule
+
+    model = PipelineModule([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)], num_stages=1,
+                           loss_fn=lambda out, _: out.mean())
+    cfg = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1},
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    engine, *_ = zerotrain.initialize(model=model, config=cfg)
+    batches = [(torch.randn(1, 4), torch.zeros(1)) for _ in range(2)]
+    engine.offload_states(include=[S.optim_states])
+    engine.eval_batch(iter(batches))
+    assert _refused(lambda: engine.train_batch(iter(batches))) == (
+        "engine.train_batch(): the optim_states are offloaded (engine.offload_states()); call "
+        "engine.reload_states() first")
+    engine.offload_states(include=[S.hp_params])  # fp32: the masters are the model's values
+    assert _refused(lambda: engine.eval_batch(iter(batches))).startswith(
+        "engine.eval_batch(): the hp_params are offloaded")
+    engine.reload_states()
+    engine.train_batch(iter(batches))
+    assert engine.global_steps == 1
+    engine.destroy()
