@@ -242,7 +242,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               state.device, prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor,
                               gradient_mean=cfg.gradient_allreduce_op == "mean",
-                              accumulation_dtype=_accumulation_dtype(cfg, compute_dtype),
+                              accumulation_dtype=compute_dtype if split.accumulates_in_grads
+                              else _accumulation_dtype(cfg, compute_dtype),
                               optimizer_state_bytes=_state_bytes(cfg))
     strategy = split.wrap(strategy)  # the norm over the other parts of the model, if any
 

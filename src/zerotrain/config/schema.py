@@ -121,7 +121,8 @@ class PLDConfig(Block):
 class DataTypesConfig(Block):
     grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = acts(
         None, "With gradient_accumulation_steps > 1 and fp16/bf16 training, the dtype gradients accumulate "
-              "in across micro-steps: fp32 (the default) or the training dtype (less memory).")
+              "in across micro-steps: fp32 (the default) or the training dtype (less memory). A PipelineModule "
+              "accumulates in the training dtype (torch's schedule adds into .grad); fp32 there has no effect.")
     keep_in_fp32_modules: Any = refused(None, "every parameter trains in the fp16/bf16 dtype of the run",
                                         ok=lambda v: v in (None, "auto", []))
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from ..config.report import notice
 from ..zero.estimate import OPTIMIZER_BYTES, estimate_memory, human_bytes, total_bytes
 
@@ -60,12 +62,13 @@ def _plural(n: int, word: str, suffix: str = "s") -> str:
     return f"{n} {word}{suffix if n != 1 else ''}"
 
 
-def _accumulation(cfg) -> str:
-    """"fp32" where micro-steps accumulate in a wider copy (data_types.grad_accum_dtype, fp32
-    unless set, once there is more than one micro-step a step), as initialize decides."""
-    if cfg.gradient_accumulation_steps == 1 or cfg.data_types.grad_accum_dtype in ("fp16", "bf16"):
-        return "compute"
-    return "fp32"
+def _accumulation(engine) -> str:
+    """"fp32" where micro-steps accumulate in a wider copy than the compute dtype, as initialize
+    built the strategy (data_types.grad_accum_dtype, fp32 unless set, once there is more than
+    one micro-step a step; never under a pipeline, whose schedule accumulates in .grad)."""
+    strategy = engine.strategy
+    wide = strategy.accumulation_dtype == torch.float32 and strategy.compute_dtype != torch.float32
+    return "fp32" if wide else "compute"
 
 
 def _estimate(engine, cfg, trained: int, world: int, opt_off: str, param_off: str) -> str:
@@ -76,7 +79,7 @@ def _estimate(engine, cfg, trained: int, world: int, opt_off: str, param_off: st
         return human_bytes(total_bytes(estimate_memory(
             trained, world, cfg.zero_optimization.stage, dtype=_precision(cfg), optimizer=optimizer,
             offload_optimizer=opt_off, offload_param=param_off, compute_on_host=engine.device.type == "cpu",
-            accumulation=_accumulation(cfg))))
+            accumulation=_accumulation(engine))))
     except ValueError:
         return "n/a (no estimate for this optimizer)"
 

@@ -32,6 +32,10 @@ class ModelSplit:
     #: the Comm over the ranks that read different batches, when not data_comm's (sequence
     #: ranks share each batch but ZeRO runs over them too): the batch sizes and the loader count it
     batch_comm: object = None
+    #: True where each micro-batch's gradients add into the parameters' .grad before the
+    #: engine sees them (a pipeline: torch's schedule runs every backward of the step), so no
+    #: wider accumulator (data_types.grad_accum_dtype) can be filled and none is kept
+    accumulates_in_grads: bool = False
 
     def wrap(self, strategy):
         if self.model_comm is None or self.model_comm.alone:

@@ -42,6 +42,11 @@ def _check(module, cfg) -> PipelineConfig:
         module.activation_checkpoint_interval = pc.activation_checkpoint_interval
     module.use_reentrant = bool(pc.use_reentrant)  # unset: torch's non-reentrant form (DeepSpeed: reentrant)
     if module.mesh.state.rank == 0:
+        half = "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else None
+        if half and cfg.data_types.grad_accum_dtype == "fp32" and cfg.gradient_accumulation_steps > 1:
+            log.info("data_types.grad_accum_dtype fp32: no effect with a PipelineModule; torch's schedule adds each "
+                     "micro-batch's gradients into the parameters' %s gradients (DeepSpeed's pipeline engine does "
+                     "the same without this key)", half)
         for key, why in NO_EFFECT.items():
             if key in raw:
                 log.info("pipeline.%s: accepted, no effect (%s)", key, why)
@@ -97,4 +102,5 @@ def pipeline_parallel_split(module, comm, mpu=None) -> ModelSplit:
         return engine
 
     return ModelSplit(mesh.comm("data"), mesh.comm("pipe", "tensor"), uncounted=uncounted, check=check,
-                  after_broadcast=after_broadcast, make_engine=make_engine, replaced=replaced)
+                  after_broadcast=after_broadcast, make_engine=make_engine, replaced=replaced,
+                  accumulates_in_grads=True)
