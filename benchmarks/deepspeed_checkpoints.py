@@ -29,8 +29,11 @@ every resume's next losses against DeepSpeed's resume of global_stepK (within 1e
 `--pipeline` (ZeRO 1, 0 x fp32, bf16): DeepSpeed's PipelineModule engine on 2 stages (a GPT of
 pipeline layers, tied embedding) saves `layer_*` files and one `mp_rank_SS` set per stage;
 zerotrain resumes it on 2 stages (the same ZeRO stage and the other), on 1 stage (1 process,
-and 2 data ranks) and as a plain model of the same layers (checkpoint/pipe_names.py). A case
-DeepSpeed itself cannot run is recorded with DeepSpeed's error.
+and 2 data ranks) and as a plain model of the same layers (checkpoint/pipe_names.py; in bf16
+also with data_types.grad_accum_dtype bf16, DeepSpeed's default). DeepSpeed also resumes each
+folder with every step's micro-batches in reverse order: what summing the same gradients in
+another order alone does to its next losses. A case DeepSpeed itself cannot run is recorded
+with DeepSpeed's error.
 
 Results (--results DIR): docs/results/deepspeed_checkpoints/matrix.{json,md,log} for the matrix,
 universal.* for --universal, pipeline.* for --pipeline.
@@ -259,6 +262,30 @@ def pipe_worker(args) -> None:
             "next_losses_resumed": resumed}, indent=1))
 
 
+def ds_reversed_worker(args) -> None:
+    """DeepSpeed resumes its own 2-stage folder and trains `--after` steps with each step's
+    micro-batches in reverse order: the same gradients summed in another order, so what that
+    order alone moves DeepSpeed's next losses by (nothing in fp32; bf16 rounds each partial sum)."""
+    import torch
+
+    torch.set_num_threads(1)
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    net = PipelineModule(pipe_layers(LayerSpec, TiedLayerSpec), num_stages=2, loss_fn=pipe_loss,
+                         partition_method="type:PreLNBlock")
+    e = deepspeed.initialize(model=net, config=pipe_config(args.stage, args.precision, 1),
+                             model_parameters=list(net.parameters()))[0]
+    e.load_checkpoint(args.save)
+    k = e.global_steps
+    losses = [e.train_batch(iter(pipe_batches(s, 1, 1, 0)[::-1])).item() for s in range(k, k + args.after)]
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"losses": losses}))
+
+
 def zerotrain_pipe_worker(args) -> None:
     """zerotrain resumes a DeepSpeed pipeline folder: with a PipelineModule of `--stages` stages
     (the rest of the world data-parallel), or with `--stages 0` a plain model of the same layers."""
@@ -280,7 +307,10 @@ def zerotrain_pipe_worker(args) -> None:
     else:
         net = Plain(specs)
     dp = world // max(1, args.stages)
-    engine, *_ = zerotrain.initialize(model=net, config=pipe_config(args.stage, expected["precision"], 1))
+    cfg = pipe_config(args.stage, expected["precision"], 1)
+    if args.grad_accum_dtype:
+        cfg["data_types"] = {"grad_accum_dtype": args.grad_accum_dtype}
+    engine, *_ = zerotrain.initialize(model=net, config=cfg)
     engine.load_checkpoint(args.save)
     k, losses = engine.global_steps, []
     d = engine.grid.get_data_parallel_rank() if args.stages else rank
@@ -342,13 +372,17 @@ def pipe_matrix(python: Path, args) -> list[dict]:
                 print(rows[-1]["note"], flush=True)
                 continue
             ds = exp["next_losses_resumed"]
-            for stages, procs, z_stage in ((2, 2, stage), (2, 2, 1 - stage), (1, 1, stage), (1, 2, stage),
-                                           (0, 1, stage)):
+            runs = [(2, 2, stage, ""), (2, 2, 1 - stage, ""), (1, 1, stage, ""), (1, 2, stage, ""), (0, 1, stage, "")]
+            if precision != "fp32":  # DeepSpeed's default accumulates micro-batches in the training dtype
+                runs.append((0, 1, stage, precision))
+            for stages, procs, z_stage, accum in runs:
                 label = (f"zerotrain pipeline {stages} stage(s) x {procs // stages} data rank(s), ZeRO {z_stage}"
                          if stages else f"zerotrain plain model, 1 process, ZeRO {z_stage}")
+                label += f", data_types.grad_accum_dtype {accum}" if accum else ""
                 try:
                     z = zerotrain_resume(folder, exp, z_stage, procs, "--pipe", "--stages", stages,
-                                         name=f"-pipe{stages}-{procs}", reuse=args.reuse)
+                                         *(("--grad-accum-dtype", accum) if accum else ()),
+                                         name=f"-pipe{stages}-{procs}{accum}", reuse=args.reuse)
                 except SystemExit as err:  # zerotrain refused the folder: its one line
                     said = [line for line in str(err).splitlines() if "CheckpointError" in line][-1:]
                     rows.append({"deepspeed_stage": stage, "deepspeed_ranks": "2 pipeline stages x 1",
@@ -362,6 +396,17 @@ def pipe_matrix(python: Path, args) -> list[dict]:
                              "deepspeed_uninterrupted": exp["next_losses_uninterrupted"], "relative": rel})
                 print(f"DeepSpeed pipeline 2 stages ZeRO-{stage} {precision} -> {label}: next losses within "
                       f"{rel:.1e} of DeepSpeed's resume", flush=True)
+            out = folder / "deepspeed-reversed.json"
+            if not (args.reuse and out.exists()):
+                deepspeed_job(python, "--ds-reversed-worker", 2, out, "--stage", stage, "--precision", precision,
+                              "--save", folder, "--after", n)
+            rev = json.loads(out.read_text())["losses"]
+            rel = max(abs(a - b) / abs(b) for a, b in zip(rev, ds))
+            rows.append({"deepspeed_stage": stage, "deepspeed_ranks": "2 pipeline stages x 1", "precision": precision,
+                         "run": "DeepSpeed's own resume, each step's micro-batches in reverse order", "losses": rev,
+                         "deepspeed_resume": ds, "relative": rel})
+            print(f"DeepSpeed pipeline ZeRO-{stage} {precision}, micro-batches reversed: within {rel:.1e} of its "
+                  "resume", flush=True)
     return rows
 
 
@@ -387,19 +432,32 @@ def autotp_worker(args) -> None:
         def forward(self, x, labels=None):
             return self.gpt(x, labels=labels)
 
+    def hf_llama():  # an HF model AutoTP knows by its modules (needs transformers in DeepSpeed's venv)
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=EMBD, intermediate_size=2 * EMBD,
+                                            num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                            num_key_value_heads=HEADS, max_position_embeddings=SEQ))
+
     tries = {}
-    for label, build in (("zerotrain's GPT", model), ("the GPT inside a class TinyGPTModel", TinyGPTModel)):
+    for label, build in (("zerotrain's GPT", model), ("the GPT inside a class TinyGPTModel", TinyGPTModel),
+                         ("an HF LlamaForCausalLM", hf_llama)):
         try:
             engine, *_ = deepspeed.initialize(model=build(), config=cfg, model_parameters=None)
             x = batch(0)[:2]
-            engine.backward(engine(x, labels=x))
+            out = engine(x, labels=x)
+            engine.backward(getattr(out, "loss", out))  # an HF model returns an output object
             engine.step()
             engine.save_checkpoint(str(Path(args.save) / label.split()[-1]))
             tries[label] = "trained a step and saved"
         except Exception as err:  # what DeepSpeed says, recorded as it is
-            frame = traceback.extract_tb(err.__traceback__)[-1]
-            where = f"{Path(frame.filename).relative_to(Path(deepspeed.__file__).parent)}:{frame.lineno}"
-            tries[label] = f"{type(err).__name__}: {err} (deepspeed/{where})"
+            root = Path(deepspeed.__file__).parent.parent
+            frames = traceback.extract_tb(err.__traceback__)
+            frame = ([f for f in frames if Path(f.filename).is_relative_to(root / "deepspeed")] or frames)[-1]
+            path = Path(frame.filename)
+            where = path.relative_to(root) if path.is_relative_to(root) else path
+            tries[label] = f"{type(err).__name__}: {err} ({where}:{frame.lineno})"
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "torch": torch.__version__,
                                               "config": cfg, "tries": tries}, indent=1))
@@ -472,11 +530,13 @@ def main() -> None:
     p.add_argument("--ds-universal", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--pipe-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autotp-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ds-reversed-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autotp", action="store_true", help="try DeepSpeed's AutoTP training on CPU (a tensor-parallel "
                    "folder); record what DeepSpeed says")
     p.add_argument("--pipe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stages", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--save-zt", help=argparse.SUPPRESS)
+    p.add_argument("--grad-accum-dtype", help=argparse.SUPPRESS)
     p.add_argument("--expected", help=argparse.SUPPRESS)
     p.add_argument("--universal", action="store_true", help="the universal-checkpoint matrix (both directions)")
     p.add_argument("--reuse", action="store_true", help="the matrix and --pipeline: take the runs already in "
@@ -507,6 +567,8 @@ def main() -> None:
         return pipe_worker(args)
     if args.autotp_worker:
         return autotp_worker(args)
+    if args.ds_reversed_worker:
+        return ds_reversed_worker(args)
     import common
     from compare_zero import ensure_deepspeed
 
