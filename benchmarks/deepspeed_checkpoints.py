@@ -4,6 +4,8 @@
     python benchmarks/deepspeed_checkpoints.py --universal      # the universal-checkpoint matrix
     python benchmarks/deepspeed_checkpoints.py --pipeline       # DeepSpeed's pipeline folders
     python benchmarks/deepspeed_checkpoints.py --autotp         # DeepSpeed's AutoTP training, tried
+                                                                # (HF models need transformers in DeepSpeed's
+                                                                # venv: pip install transformers there)
     python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline]   # one case, as a test fixture
 
 DeepSpeed 0.19.8 runs in its own venv (benchmarks/.ds-venv, made as compare_zero.py makes it).
@@ -459,7 +461,12 @@ def autotp_worker(args) -> None:
             where = path.relative_to(root) if path.is_relative_to(root) else path
             tries[label] = f"{type(err).__name__}: {err} ({where}:{frame.lineno})"
     if dist.get_rank() == 0:
+        try:
+            import transformers
+        except ImportError:
+            transformers = None
         Path(args.out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                                              "transformers": getattr(transformers, "__version__", None),
                                               "config": cfg, "tries": tries}, indent=1))
 
 
@@ -601,8 +608,9 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "autotp.json").write_text(json.dumps(data, indent=1))
         lines = [f"`python benchmarks/deepspeed_checkpoints.py --autotp`: DeepSpeed {data['deepspeed']} (torch "
-                 f"{data['torch']}, CPU, gloo, 2 processes), `tensor_parallel.autotp_size` 2 at ZeRO 1, one training "
-                 "step and `save_checkpoint`:", "", "| model | DeepSpeed |", "|---|---|"]
+                 f"{data['torch']}, transformers {data['transformers'] or 'not installed'}, CPU, gloo, 2 processes), "
+                 "`tensor_parallel.autotp_size` 2 at ZeRO 1, one training step and `save_checkpoint`:", "",
+                 "| model | DeepSpeed |", "|---|---|"]
         lines += [f"| {label} | {said} |" for label, said in data["tries"].items()]
         (out / "autotp.md").write_text("\n".join(lines) + "\n")
         return print("\n".join(lines))
