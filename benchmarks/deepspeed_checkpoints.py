@@ -6,7 +6,7 @@
     python benchmarks/deepspeed_checkpoints.py --autotp         # DeepSpeed's AutoTP training, tried
                                                                 # (HF models need transformers in DeepSpeed's
                                                                 # venv: pip install transformers there)
-    python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline]   # one case, as a test fixture
+    python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline | --autotp]   # one case, as a test fixture
 
 DeepSpeed 0.19.8 runs in its own venv (benchmarks/.ds-venv, made as compare_zero.py makes it).
 Each case is a torchrun job in that venv: a tiny GPT (zerotrain's own model code, so the
@@ -434,14 +434,6 @@ def autotp_worker(args) -> None:
         def forward(self, x, labels=None):
             return self.gpt(x, labels=labels)
 
-    def hf_llama():  # an HF model AutoTP knows by its modules (needs transformers in DeepSpeed's venv)
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=EMBD, intermediate_size=2 * EMBD,
-                                            num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                            num_key_value_heads=HEADS, max_position_embeddings=SEQ))
-
     tries = {}
     for label, build in (("zerotrain's GPT", model), ("the GPT inside a class TinyGPTModel", TinyGPTModel),
                          ("an HF LlamaForCausalLM", hf_llama)):
@@ -468,6 +460,109 @@ def autotp_worker(args) -> None:
         Path(args.out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "torch": torch.__version__,
                                               "transformers": getattr(transformers, "__version__", None),
                                               "config": cfg, "tries": tries}, indent=1))
+
+
+def hf_llama():
+    """A tiny HF LlamaForCausalLM (random weights) of the GPT's sizes, which AutoTP splits."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=EMBD, intermediate_size=2 * EMBD,
+                                        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                                        max_position_embeddings=SEQ))
+
+
+def autotp_case_worker(args) -> None:
+    """DeepSpeed's AutoTP (2 tensor ranks, ZeRO 1) trains the HF LLaMA K steps, saves, N more;
+    a fresh engine loads and trains the same N (DeepSpeed's resume). Both tensor ranks read the
+    same 2 rows a step (DeepSpeed 0.19.8 checks the batch sizes against the whole world size)."""
+    import torch
+
+    torch.set_num_threads(1)
+    import deepspeed
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = dict(ds_config(args.stage, args.precision, 2), tensor_parallel={"autotp_size": 2})
+
+    def steps(engine, start, stop):
+        out = []
+        for step in range(start, stop):
+            x = batch(step)[:2]
+            loss = engine(x, labels=x).loss
+            engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+        return out
+
+    e = deepspeed.initialize(model=hf_llama(), config=cfg, model_parameters=None)[0]
+    before = steps(e, 0, args.before)
+    e.save_checkpoint(args.save)
+    uninterrupted = steps(e, args.before, args.before + args.after)
+    e.destroy()
+    fresh = deepspeed.initialize(model=hf_llama(), config=cfg, model_parameters=None)[0]
+    fresh.load_checkpoint(args.save)
+    resumed = steps(fresh, args.before, args.before + args.after)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({
+            "deepspeed": deepspeed.__version__, "torch": torch.__version__, "stage": args.stage,
+            "precision": args.precision, "tensor_parallel": 2, "k": args.before, "config": cfg,
+            "model": {"hf": "LlamaForCausalLM", "vocab_size": VOCAB, "hidden_size": EMBD, "layers": LAYERS},
+            "losses_before": before, "next_losses_uninterrupted": uninterrupted, "next_losses_resumed": resumed},
+            indent=1))
+
+
+def zerotrain_autotp_worker(args) -> None:
+    """zerotrain resumes a DeepSpeed AutoTP folder with the HF LLaMA: `--tensor` 1 a plain model
+    (the world data-parallel), else tensor_parallel.autotp_size = the world; the same 2 rows a
+    step as DeepSpeed's run, and the mean loss over the data ranks."""
+    import torch
+    import torch.distributed as dist
+
+    import zerotrain
+
+    torch.set_num_threads(1)
+    expected = json.loads((Path(args.save) / "expected.json").read_text())
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dp = world // args.tensor
+    cfg = dict(ds_config(args.stage, expected["precision"], dp), train_batch_size=2, train_micro_batch_size_per_gpu=2 // dp)
+    if args.tensor > 1:
+        cfg["tensor_parallel"] = {"autotp_size": args.tensor}
+    torch.manual_seed(1)
+    engine, *_ = zerotrain.initialize(model=hf_llama(), config=cfg)
+    engine.load_checkpoint(args.save)
+    k, losses = engine.global_steps, []
+    d = rank // args.tensor if args.tensor > 1 else rank
+    for step in range(k, k + len(expected["next_losses_resumed"])):
+        x = batch(step)[:2][d * 2 // dp : (d + 1) * 2 // dp]
+        loss = engine(x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+        mean = loss.detach().float().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({"losses": losses}))
+
+
+def autotp_resumes(python: Path, folder: Path, k: int, n: int) -> list[dict]:
+    """DeepSpeed's AutoTP case (autotp_case_worker) into `folder`, resumed by zerotrain as a
+    plain model on 1 process and on 2 data ranks, and on 2 tensor ranks."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    exp = deepspeed_job(python, "--autotp-case-worker", 2, folder / "expected.json", "--stage", 1, "--precision",
+                        "fp32", "--save", folder, "--before", k, "--after", n)
+    rows = []
+    for procs, tensor, label in ((1, 1, "plain model, 1 process"), (2, 1, "plain model, 2 data ranks"),
+                                 (2, 2, "tensor_parallel.autotp_size 2")):
+        z = zerotrain_resume(folder, exp, 1, procs, "--zerotrain-autotp", "--tensor", tensor, name=f"-tp{tensor}")
+        rel = max(abs(a - b) / abs(b) for a, b in zip(z, exp["next_losses_resumed"]))
+        rows.append({"run": f"zerotrain, {label}, ZeRO 1", "losses": z, "deepspeed_resume": exp["next_losses_resumed"],
+                     "deepspeed_uninterrupted": exp["next_losses_uninterrupted"], "relative": rel})
+        print(f"DeepSpeed AutoTP -> {rows[-1]['run']}: next losses within {rel:.1e} of DeepSpeed's resume", flush=True)
+    return rows
 
 
 def deepspeed_job(python: Path, mode: str, nproc: int, out: Path, *extra) -> dict:
@@ -538,6 +633,9 @@ def main() -> None:
     p.add_argument("--pipe-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autotp-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ds-reversed-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--autotp-case-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--zerotrain-autotp", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tensor", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--autotp", action="store_true", help="try DeepSpeed's AutoTP training on CPU (a tensor-parallel "
                    "folder); record what DeepSpeed says")
     p.add_argument("--pipe", action="store_true", help=argparse.SUPPRESS)
@@ -560,13 +658,16 @@ def main() -> None:
     p.add_argument("--after", type=int, default=3, help="steps after it")
     p.add_argument("--precisions", default="fp32,bf16", help="of fp32, bf16, fp16 (fp16 needs a device DeepSpeed "
                    "computes fp16 on)")
-    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16; --pipeline: 2 stages, ZeRO 1, fp32) "
+    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16; --pipeline: 2 stages, ZeRO 1, fp32; "
+                   "--autotp: the HF LLaMA on 2 AutoTP ranks, ZeRO 1, fp32) "
                    "into this folder")
     p.add_argument("--out-dir", default=str(HERE.parent / "runs" / "ds-checkpoints"))
     args = p.parse_args()
     if args.worker:
         return worker(args)
     if args.zerotrain:
+        if args.zerotrain_autotp:
+            return zerotrain_autotp_worker(args)
         return zerotrain_pipe_worker(args) if args.pipe else zerotrain_worker(args)
     if args.ds_universal:
         return universal_worker(args)
@@ -576,6 +677,8 @@ def main() -> None:
         return autotp_worker(args)
     if args.ds_reversed_worker:
         return ds_reversed_worker(args)
+    if args.autotp_case_worker:
+        return autotp_case_worker(args)
     import common
     from compare_zero import ensure_deepspeed
 
@@ -592,6 +695,10 @@ def main() -> None:
             folder.mkdir(parents=True)
             deepspeed_job(python, "--pipe-worker", 2, folder / "expected.json", "--stage", 1, "--precision", "fp32",
                           "--save", folder, "--before", args.before, "--after", args.after)
+        elif args.autotp:  # AutoTP on 2 tensor ranks, ZeRO 1, fp32, the HF LLaMA
+            folder.mkdir(parents=True)
+            deepspeed_job(python, "--autotp-case-worker", 2, folder / "expected.json", "--stage", 1, "--precision",
+                          "fp32", "--save", folder, "--before", args.before, "--after", args.after)
         else:
             deepspeed_case(python, 2, "bf16", 2, folder, args.before, args.after)
         for script in folder.glob("*.py"):  # DeepSpeed's own scripts, which it copies beside its checkpoints
@@ -612,6 +719,12 @@ def main() -> None:
                  "`tensor_parallel.autotp_size` 2 at ZeRO 1, one training step and `save_checkpoint`:", "",
                  "| model | DeepSpeed |", "|---|---|"]
         lines += [f"| {label} | {said} |" for label, said in data["tries"].items()]
+        data["resumes"] = autotp_resumes(python, Path(args.out_dir) / "autotp-case", args.before, args.after)
+        (out / "autotp.json").write_text(json.dumps(data, indent=1))
+        lines += ["", f"The LLaMA trained {args.before} steps by DeepSpeed's AutoTP (2 tensor ranks, ZeRO 1, fp32) and "
+                  f"saved; its next {args.after} losses resumed by zerotrain against DeepSpeed's own resume (max "
+                  "relative difference):", "", "| zerotrain resume | next losses vs DeepSpeed's resume |", "|---|---|"]
+        lines += [f"| {r['run']} | {r['relative']:.1e} |" for r in data["resumes"]]
         (out / "autotp.md").write_text("\n".join(lines) + "\n")
         return print("\n".join(lines))
     if args.pipeline:

@@ -168,3 +168,62 @@ def test_wrong_deepspeed_pipeline_input_is_one_line(tmp_path):
     (step / "mp_rank_01_model_states.pt").unlink()
     with pytest.raises(Exception, match=r"mp_rank_01_model_states.pt is missing \(2 pipeline stages wrote"):
         resume_pipeline(str(folder), 1)
+
+
+# ---- a DeepSpeed AutoTP folder (tests/fixtures/deepspeed_autotp2_zero1: 2 tensor ranks, ZeRO 1) ----
+AUTOTP = FIXTURE.parent / "deepspeed_autotp2_zero1"
+AUTOTP_EXPECTED = json.loads((AUTOTP / "expected.json").read_text())
+
+
+def resume_autotp(folder: str, tensor: int, **sizes) -> dict:
+    """zerotrain loads DeepSpeed's AutoTP folder into the same HF LLaMA, split over `tensor`
+    ranks (1: a plain model), and trains DeepSpeed's next steps on the same 2 rows a step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import zerotrain
+    from scenarios import rank_and_world
+
+    rank, world = rank_and_world()
+    dp = world // tensor
+    sizes = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, max_position_embeddings=8) | sizes
+    torch.manual_seed(1)  # other initial weights than DeepSpeed's: the checkpoint must replace them
+    config = dict(AUTOTP_EXPECTED["config"], train_batch_size=2, train_micro_batch_size_per_gpu=2 // dp,
+                  tensor_parallel={"autotp_size": tensor})
+    engine, *_ = zerotrain.initialize(model=LlamaForCausalLM(LlamaConfig(**sizes)), config=config)
+    path, client = engine.load_checkpoint(folder)
+    losses, start, d = [], engine.global_steps, rank // tensor
+    for step in range(start, start + len(AUTOTP_EXPECTED["next_losses_resumed"])):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randint(0, 32, (4, 8), generator=g)[:2][d * 2 // dp : (d + 1) * 2 // dp]
+        loss = engine(x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    engine.destroy()
+    return {"start": start, "losses": losses}
+
+
+def autotp_relative(losses: list[float]) -> float:
+    want = AUTOTP_EXPECTED["next_losses_resumed"]
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+
+
+def test_deepspeed_autotp_checkpoint_continues_on_tensor_ranks_and_as_a_plain_model(world2):
+    """DeepSpeed's per-tensor-rank pieces, cut as its record says (rows, or columns for o_proj and
+    down_proj, whole norms and embedding): on 2 tensor ranks as DeepSpeed had, and whole in 1 process."""
+    two = world2.run(resume_autotp, str(AUTOTP), 2)
+    assert [r["start"] for r in two] == [AUTOTP_EXPECTED["k"]] * 2
+    assert autotp_relative(two[0]["losses"]) <= 1e-5
+    assert autotp_relative(resume_autotp(str(AUTOTP), 1)["losses"]) <= 1e-5
+
+
+def test_wrong_deepspeed_autotp_input_is_one_line(tmp_path):
+    folder = tmp_path / "autotp"
+    shutil.copytree(AUTOTP, folder)
+    with pytest.raises(Exception, match=r"checkpoint of another model: lm_head.weight \[32, 16\] there, \[32, 24\] "
+                                        r"here"):
+        resume_autotp(str(folder), 1, hidden_size=24)
+    (folder / "global_step2" / "mp_rank_01_model_states.pt").unlink()
+    with pytest.raises(Exception, match=r"mp_rank_01_model_states.pt is missing \(2 tensor ranks wrote"):
+        resume_autotp(str(folder), 1)

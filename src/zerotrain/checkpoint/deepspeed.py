@@ -144,16 +144,20 @@ def deepspeed_folder(load_dir, tag=None) -> Path | None:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def check_version(path: Path, states: dict) -> None:
+def check_version(path: Path, states: dict, tensor_ranks_read: bool = False) -> None:
+    """tensor_ranks_read: the caller reads each tensor rank's files (deepspeed_autotp.py)."""
     version = str(states.get("ds_version", "unknown"))
     if not version.startswith(READ_VERSIONS):
         raise CheckpointError(f"{path}: written by DeepSpeed {version}; zerotrain reads the checkpoint format of "
                               f"DeepSpeed {', '.join(v + 'x' for v in READ_VERSIONS)}. Convert it with that "
                               "DeepSpeed's zero_to_fp32.py and load the weights with --init_from")
     layers = [m for f in path.iterdir() if (m := LAYER.fullmatch(f.name))]
-    if any(m.group(2) for m in layers) or (not layers and int(states.get("mp_world_size", 1) or 1) != 1):
-        raise CheckpointError(f"{path}: a DeepSpeed checkpoint with tensor parallelism (mp_rank_01 or layer_NN-model_01 "
-                              "files); zerotrain reads data-parallel (ZeRO 0-3) and pipeline ones")
+    tensor = not layers and int(states.get("mp_world_size", 1) or 1) != 1 and not tensor_ranks_read
+    if any(m.group(2) for m in layers) or tensor:
+        raise CheckpointError(f"{path}: a DeepSpeed checkpoint with tensor parallelism zerotrain does not read "
+                              "(layer_NN-model_01 files, or mp_rank_01 files without DeepSpeed's record of the cuts, "
+                              "universal_checkpoint_info); zerotrain reads data-parallel (ZeRO 0-3), pipeline and "
+                              "AutoTP ones")
 
 
 def _rank_files(path: Path, pattern: re.Pattern, ranks: int, what: str) -> list[Path]:
@@ -168,15 +172,17 @@ def _rank_files(path: Path, pattern: re.Pattern, ranks: int, what: str) -> list[
 class DeepSpeedState(SavedState):
     """A DeepSpeed checkpoint's per-element state, read by (parameter name, element range)."""
 
-    def __init__(self, path: Path, names: list[str], mp: int = 0, module: dict | None = None):
-        """mp: the model-parallel rank (a pipeline stage) whose files to read; module: its weights
-        by name where model_states holds none (a pipeline's layer files)."""
+    def __init__(self, path: Path, names: list[str], mp: int = 0, module: dict | None = None,
+                 tensor_rank: bool = False):
+        """mp: the model-parallel rank (a pipeline stage, or with `tensor_rank` an AutoTP tensor
+        rank) whose files to read; module: its weights by name where model_states holds none
+        (a pipeline's layer files)."""
         self.path = path
         self.names = names  # this model's trainable parameters, in order (DeepSpeed's stage-0 indices)
         zero3 = sorted(f.name for f in path.iterdir() if _ZERO3_MODEL.fullmatch(f.name))
         self.states = load_ds_file(path / (model_file(mp) if (path / model_file(mp)).is_file() or not zero3
                                            else zero3[0]))
-        check_version(path, self.states)
+        check_version(path, self.states, tensor_rank)
         self.ranks = int(self.states.get("dp_world_size") or 1)
         self.module = module if module is not None else {
             k: v for k, v in (self.states.get("module") or {}).items() if torch.is_tensor(v) and v.numel()}

@@ -39,7 +39,30 @@ def _split_tied(name: str) -> tuple[str, str]:
     return key, local
 
 
-class DeepSpeedPipeline(SavedSplit):
+class DeepSpeedSplit(SavedSplit):
+    """A DeepSpeed folder of several model-parallel ranks (pipeline stages, AutoTP tensor ranks)
+    as the old split of a resume: its counters, schedule and client state are the first rank's."""
+
+    def frozen(self) -> set[str]:
+        return set()
+
+    def counters(self) -> dict:
+        return self.stages[0][0].counters()
+
+    def lr_scheduler(self):
+        return self.stages[0][0].lr_scheduler()
+
+    def loss_scaler(self):
+        return self.stages[0][0].loss_scaler()
+
+    def client_state(self) -> dict:
+        return self.stages[0][0].client_state()
+
+    def feature_states(self) -> dict:
+        return {}
+
+
+class DeepSpeedPipeline(DeepSpeedSplit):
     """A DeepSpeed pipeline folder as the old split of a resume: `stages` one DeepSpeedState
     per pipeline stage, the weights from the layer files."""
 
@@ -105,28 +128,9 @@ class DeepSpeedPipeline(SavedSplit):
     def shapes(self) -> dict[str, tuple]:
         return {n: s for names in self.stage_shapes for n, s in names.items()}
 
-    def frozen(self) -> set[str]:
-        return set()
-
     def layers(self) -> list[list[str]]:
         """The parameters by pipeline layer, in layer order (a tied layer where its file is)."""
         return by_layer(self.shapes(), self.layer_of.__getitem__)
-
-    # ---- the engine's counters and the rest: the first stage's ---------------------------------
-    def counters(self) -> dict:
-        return self.stages[0][0].counters()
-
-    def lr_scheduler(self):
-        return self.stages[0][0].lr_scheduler()
-
-    def loss_scaler(self):
-        return self.stages[0][0].loss_scaler()
-
-    def client_state(self) -> dict:
-        return self.stages[0][0].client_state()
-
-    def feature_states(self) -> dict:
-        return {}
 
     def describe(self) -> str:
         return (f"DeepSpeed {self.states.get('ds_version')} pipeline checkpoint ({len(self.stages)} stages, ZeRO stage "

@@ -10,6 +10,7 @@ import logging
 import warnings
 
 from ..checkpoint.deepspeed import DeepSpeedState
+from ..checkpoint.deepspeed_autotp import DeepSpeedAutoTP, is_autotp_folder
 from ..checkpoint.deepspeed_pipe import DeepSpeedPipeline, is_pipeline_folder
 from ..checkpoint.pipe_names import Renamed, plain_names
 from ..errors import CheckpointError
@@ -32,6 +33,8 @@ def load_deepspeed(engine, path, strict: bool, load_optimizer_states: bool, load
     states_file = next(iter(sorted(p.name for p in path.iterdir() if p.name.endswith("model_states.pt"))))
     if reader is DeepSpeedState and is_pipeline_folder(path):
         saved = _pipeline_folder(engine, path, layout, strict)
+    elif reader is DeepSpeedState and is_autotp_folder(path):
+        saved = _autotp_folder(engine, path, layout, strict)
     elif engine.checkpoint_prefix:
         raise CheckpointError(f"{path}: a DeepSpeed checkpoint of a data-parallel run loads into data-parallel runs; "
                               "this run has pipeline or tensor parallelism")
@@ -81,10 +84,28 @@ def _pipeline_folder(engine, path, layout: dict, strict: bool):
         if "pipeline" not in engine.checkpoint_extras():
             saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
         check_gathered_model(engine, path, saved, layout)
-        held = _layout_names(engine, layout)
-        mine = {k: v for k, v in engine.module.state_dict().items() if k not in held and saved.knows(k)}
-        _load_module(engine, {k: saved.module_value(k, v) for k, v in mine.items()}, strict, held)
+        _load_split_module(engine, saved, layout, strict)
     return saved
+
+
+def _autotp_folder(engine, path, layout: dict, strict: bool):
+    """A DeepSpeed AutoTP folder (checkpoint/deepspeed_autotp.py) into a plain model or a
+    tensor-parallel one of any size, each parameter's pieces cut for this rank."""
+    if "pipeline" in engine.checkpoint_extras():
+        raise CheckpointError(f"{path}: a DeepSpeed AutoTP checkpoint loads into runs without a pipeline; resume it "
+                              "with a plain model (tensor_parallel.autotp_size any)")
+    with _applying(path, "mp_rank_*_model_states.pt"):
+        saved = DeepSpeedAutoTP(path, split_record(engine.module))
+        check_gathered_model(engine, path, saved, layout)
+        _load_split_module(engine, saved, layout, strict)
+    return saved
+
+
+def _load_split_module(engine, saved, layout: dict, strict: bool) -> None:
+    """The module entries outside the optimizer's layout (buffers) from a split folder."""
+    held = _layout_names(engine, layout)
+    mine = {k: v for k, v in engine.module.state_dict().items() if k not in held and saved.knows(k)}
+    _load_module(engine, {k: saved.module_value(k, v) for k, v in mine.items()}, strict, held)
 
 
 def _load_schedule(engine, state: dict, path) -> None:
