@@ -1,5 +1,6 @@
 """Folders DeepSpeed wrote, loaded into this engine: its `global_stepN/` checkpoints
-(checkpoint/deepspeed.py; its pipeline engine's, checkpoint/deepspeed_pipe.py) and its universal
+(checkpoint/deepspeed.py; its pipeline engine's, checkpoint/deepspeed_pipe.py; its AutoTP
+engine's, checkpoint/deepspeed_autotp.py) and its universal
 checkpoints (checkpoint/universal.py), on this run's own ZeRO stage, data-parallel size and
 pipeline (or none), through the same relayout as zerotrain's own checkpoints
 (checkpoint/reshard.py). checkpointing.load_checkpoint decides which kind a folder is."""
