@@ -443,7 +443,7 @@ def main() -> int:
     out = Path(a.out)
     if a.report:
         r = json.loads((out / "results.json").read_text())
-        (out / "results.md").write_text(report(r))
+        _write_report(out / "results.md", report(r))
         plot(r, out / "longest.png")
         return 0
     a.log_dir = out / "raw"
@@ -503,10 +503,18 @@ def main() -> int:
     if "off" in parts:
         sweep(r["longest"].setdefault("off", {}), "zerotrain", False)
     save()
-    (out / "results.md").write_text(report(r))
+    _write_report(out / "results.md", report(r))
     plot(r, out / "longest.png")
     common.say((out / "results.md").read_text())
     return 0
+
+
+def _write_report(path: Path, text: str) -> None:
+    """Write the generated tables, keeping the hand-written "## Reading" section of a previous
+    results.md (what the figures mean is read by a person, not generated)."""
+    old = path.read_text() if path.exists() else ""
+    reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""
+    path.write_text(text.rstrip("\n") + "\n" + reading)
 
 
 def _growth(found: dict, key: str) -> str:
@@ -528,7 +536,7 @@ def _rows(name: str, pieces: str, found: dict, bisect: bool, line_budget: float)
         est = line.get("longest") or "-"
         rate = f"{v['tokens_per_s']:.0f}" if v.get("tokens_per_s") else "-"
         peak = f"{v['peak_mib']:.0f}" if v.get("peak_mib") else "-"
-        rows.append(f"| {name} | {key[1:]} | {pieces} | {v['longest'] or v.get('error')} | {v.get('first_failed') or '-'} | "
+        rows.append(f"| {name} | {key[1:]} | {pieces} | {v['longest'] or v.get('error') or 'no length fits'} | {v.get('first_failed') or '-'} | "
                     f"{_growth(found, key)} | {peak} | {rate} | {tried} | {est} |")
     return rows
 
