@@ -229,6 +229,30 @@ def _floor(args, work: Path, nproc: int, train: dict) -> dict | None:
     return r
 
 
+def _floors_beside(args, work: Path, sizes: list[int]) -> bool:
+    """Train each size from scratch beside a recorded run: a rank of a smaller job holds a larger
+    share of the model's states, so its resume is judged against the peak of a job of its own
+    size that never stopped, as well as against the training job's."""
+    record = json.loads(Path(args.floor_only).read_text())
+    jobs, ok = record["jobs"], True
+    try:
+        for nproc in sizes:
+            jobs[f"train-dp{nproc}"] = floor = _floor(args, work, nproc, jobs["nvme"])
+            resumed = jobs.get(f"resume-dp{nproc}")
+            if not (floor and resumed):
+                ok = False
+                continue
+            under = resumed["hwm_kib"] <= max(jobs["nvme"]["hwm_kib"], floor["hwm_kib"])
+            print(f"resume-dp{nproc}: largest rank's peak {_gib(resumed['hwm_kib'])} GiB; training peaks: "
+                  f"{_gib(jobs['nvme']['hwm_kib'])} GiB ({jobs['nvme']['world']} ranks), {_gib(floor['hwm_kib'])} "
+                  f"GiB ({nproc} rank(s), from scratch): {'at most' if under else 'ABOVE'} its size's", flush=True)
+            ok &= under
+    finally:
+        Path(args.floor_only).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+    return ok
+
+
 def _resume_dp(args, work: Path, ckpt: Path, nproc: int, train: dict, floor: dict | None) -> tuple[bool, dict | None]:
     """The killed job's checkpoint resumed on `nproc` ranks: its losses against the uninterrupted
     run's (the same batches, summed in another order) and its peaks against that run's."""
@@ -277,6 +301,9 @@ def main() -> int:
     p.add_argument("--record", help="write every job's figures to this JSON file")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the weights' dtype (fp32: gradients "
                    "reduced in fp32, so another data size rounds only at fp32's level)")
+    p.add_argument("--floor-only", metavar="RECORD",
+                   help="only the --floor jobs of --resume-dp's sizes, judged against the 2-rank job and the resumes "
+                        "in RECORD (a --record file), which gets their figures")
     p.add_argument("--floor", action="store_true", help="before each resume-dp, the same data size trains the same steps "
                    "from scratch (train-dpN): how far that size's own arithmetic moves the losses, and its peaks")
     args = p.parse_args()
@@ -292,6 +319,8 @@ def main() -> int:
     _freeze_source(work)
     args.nvme_path = args.nvme_path or str(work / "swap")
     Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
+    if args.floor_only:
+        return _done(_floors_beside(args, work, sizes))
     ok, results = True, {}
     try:
         if args.only_trainer:
