@@ -88,8 +88,11 @@ def _training(engine, cfg) -> str:
     opt, sched = engine.optimizer, engine.lr_scheduler
     # the LR the schedule rises to or starts from (DeepSpeed's schedules: max_lrs / org_lrs;
     # torch's: base_lrs), not where a warmup begins
-    peak = next((getattr(sched, name) for name in ("max_lrs", "org_lrs", "base_lrs")
-                 if isinstance(getattr(sched, name, None), list)), None)
+    # dynamic batching wraps the schedule and scales each step's LR by its size: the configured
+    # LR is the wrapped schedule's, or the unscaled one the wrapper keeps
+    base = getattr(sched, "base_lr_scheduler", sched)
+    peak = next((getattr(base, name) for name in ("max_lrs", "org_lrs", "base_lrs")
+                 if isinstance(getattr(base, name, None), list)), None) or getattr(sched, "unscaled", None)
     lrs = sorted(set(map(float, peak))) if peak else sorted({float(g["lr"]) for g in opt.param_groups}) if opt else []
     lr = f" (lr {', '.join(f'{x:g}' for x in lrs)})" if lrs else ""
     optimizer = f"optimizer {type(opt).__name__}{lr}" if opt is not None else "no optimizer"

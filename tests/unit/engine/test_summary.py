@@ -47,3 +47,16 @@ def test_the_trainers_banner_is_the_same_renderer(zerotrain_log):
     assert "no effect" not in text
     assert text == summary.render(engine, task="clm", total_steps=7, nodes=1, notices=False)
     assert torch.float16 == engine.compute_dtype
+
+
+def test_dynamic_batching_shows_the_configured_lr_not_a_steps_scaled_one(zerotrain_log):
+    from zerotrain.schedules.variable_batch import VariableBatchSizeLR
+
+    for keeps_base_lrs in (True, False):  # a schedule with base_lrs, and one the wrapper alone remembers
+        engine, *_ = zerotrain.initialize(model=mlp(), config={k: v for k, v in CONFIG.items() if k != "scheduler"})
+        constant = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
+        if not keeps_base_lrs:
+            del constant.base_lrs
+        engine.lr_scheduler = VariableBatchSizeLR(constant, base_batch_size=2, batch_sizes=[8])
+        assert engine.optimizer.param_groups[0]["lr"] == 4 * 3e-4  # this step's size scales it
+        assert "  optimizer AdamW (lr 0.0003) | schedule VariableBatchSizeLR" in summary.render(engine, notices=False)
