@@ -6,7 +6,8 @@
     python benchmarks/deepspeed_checkpoints.py --autotp         # DeepSpeed's AutoTP training, tried
                                                                 # (HF models need transformers in DeepSpeed's
                                                                 # venv: pip install transformers there)
-    python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline | --autotp]   # one case, as a test fixture
+    python benchmarks/deepspeed_checkpoints.py --fixture DIR [--pipeline [--stage 0] | --autotp]   # one case,
+                                                                # as a test fixture
 
 DeepSpeed 0.19.8 runs in its own venv (benchmarks/.ds-venv, made as compare_zero.py makes it).
 Each case is a torchrun job in that venv: a tiny GPT (zerotrain's own model code, so the
@@ -658,7 +659,8 @@ def main() -> None:
     p.add_argument("--after", type=int, default=3, help="steps after it")
     p.add_argument("--precisions", default="fp32,bf16", help="of fp32, bf16, fp16 (fp16 needs a device DeepSpeed "
                    "computes fp16 on)")
-    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16; --pipeline: 2 stages, ZeRO 1, fp32; "
+    p.add_argument("--fixture", help="write one case (2 ranks, stage 2, bf16; --pipeline: 2 stages, ZeRO 1, fp32, "
+                   "or ZeRO 0 with --stage 0; "
                    "--autotp: the HF LLaMA on 2 AutoTP ranks, ZeRO 1, fp32) "
                    "into this folder")
     p.add_argument("--out-dir", default=str(HERE.parent / "runs" / "ds-checkpoints"))
@@ -691,9 +693,10 @@ def main() -> None:
     if args.fixture:
         folder = Path(args.fixture)
         shutil.rmtree(folder, ignore_errors=True)
-        if args.pipeline:  # 2 pipeline stages, ZeRO 1, fp32
+        if args.pipeline:  # 2 pipeline stages, ZeRO 1 (0 with --stage 0), fp32
             folder.mkdir(parents=True)
-            deepspeed_job(python, "--pipe-worker", 2, folder / "expected.json", "--stage", 1, "--precision", "fp32",
+            deepspeed_job(python, "--pipe-worker", 2, folder / "expected.json", "--stage", 0 if args.stage == 0 else 1,
+                          "--precision", "fp32",
                           "--save", folder, "--before", args.before, "--after", args.after)
         elif args.autotp:  # AutoTP on 2 tensor ranks, ZeRO 1, fp32, the HF LLaMA
             folder.mkdir(parents=True)

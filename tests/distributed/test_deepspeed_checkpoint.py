@@ -109,16 +109,17 @@ def resume_pipeline(folder: str, stages: int, **sizes) -> dict:
     from zerotrain.pipe import PipelineModule
 
     sizes = dict(SIZES, **sizes)
+    expected = json.loads((Path(folder) / "expected.json").read_text())
     torch.manual_seed(1)  # other initial weights than DeepSpeed's: the checkpoint must replace them
     if stages:
         model = PipelineModule(layer_specs(**sizes), num_stages=stages, loss_fn=gpt_loss,
                                partition_method="type:PreLNBlock")
     else:
         model = Reference(**sizes)
-    engine, *_ = zerotrain.initialize(model=model, config=PIPE_EXPECTED["config"])
+    engine, *_ = zerotrain.initialize(model=model, config=expected["config"])
     path, client = engine.load_checkpoint(folder)
     losses, start = [], engine.global_steps
-    for step in range(start, start + len(PIPE_EXPECTED["next_losses_resumed"])):
+    for step in range(start, start + len(expected["next_losses_resumed"])):
         g = torch.Generator().manual_seed(1000 + step)
         rows = torch.randint(0, sizes["vocab"], (4, sizes["seq"]), generator=g)
         pairs = [(rows[i : i + 1], rows[i : i + 1]) for i in range(4)]
@@ -136,8 +137,8 @@ def resume_pipeline(folder: str, stages: int, **sizes) -> dict:
     return {"start": start, "losses": losses, "client": client}
 
 
-def pipe_relative(losses: list[float]) -> float:
-    want = PIPE_EXPECTED["next_losses_resumed"]
+def pipe_relative(losses: list[float], expected: dict = PIPE_EXPECTED) -> float:
+    want = expected["next_losses_resumed"]
     return max(abs(a - b) / abs(b) for a, b in zip(losses, want))
 
 
@@ -150,6 +151,20 @@ def test_deepspeed_pipeline_checkpoint_continues_on_any_stage_count_and_as_a_pla
     assert pipe_relative(two[0]["losses"]) <= 1e-5
     for stages in (1, 0):
         assert pipe_relative(resume_pipeline(str(PIPE), stages)["losses"]) <= 1e-5
+
+
+PIPE0 = FIXTURE.parent / "deepspeed_pipe2_zero0"
+PIPE0_EXPECTED = json.loads((PIPE0 / "expected.json").read_text())
+
+
+def test_deepspeed_zero0_pipeline_checkpoint_continues_on_2_stages_and_as_a_plain_model(world2):
+    """At ZeRO 0 DeepSpeed names no parameters: each stage's torch optimizer state, by index,
+    is placed by the layer files' shapes (checkpoint/deepspeed_pipe.zero0_names)."""
+    two = world2.run(resume_pipeline, str(PIPE0), 2)
+    assert [r["start"] for r in two] == [PIPE0_EXPECTED["k"]] * 2
+    assert two[0]["client"] == {"run": "deepspeed_checkpoints.py", "k": PIPE0_EXPECTED["k"]}
+    assert pipe_relative(two[0]["losses"], PIPE0_EXPECTED) <= 1e-5
+    assert pipe_relative(resume_pipeline(str(PIPE0), 0)["losses"], PIPE0_EXPECTED) <= 1e-5
 
 
 def test_wrong_deepspeed_pipeline_input_is_one_line(tmp_path):

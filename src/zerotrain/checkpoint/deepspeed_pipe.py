@@ -6,8 +6,10 @@
     <dir>/global_stepN/mp_rank_SS_model_states.pt   stage SS: counters, schedule, client state,
                                                     "param_shapes" (its parameters by pipeline
                                                     name: "2.qkv.weight", "tied_modules.embed.weight")
-    <dir>/global_stepN/[bf16_]zero_pp_rank_R_mp_rank_SS_optim_states.pt   stage SS's ZeRO 0-1
+    <dir>/global_stepN/[bf16_]zero_pp_rank_R_mp_rank_SS_optim_states.pt   stage SS's ZeRO 1
                                                     masters and optimizer state of data rank R
+                                                    (at ZeRO 0 in fp32: torch's optimizer state
+                                                    in mp_rank_SS under "optimizer", no names)
 
 Each stage is a data-parallel ZeRO checkpoint of its own parameters (checkpoint/deepspeed.py
 reads one with mp = SS), and a parameter's name is the same on whatever stage holds it, as in
@@ -17,11 +19,25 @@ parameters by name. A layer file's keys are local; its pipeline names are "<LL>.
 a tied layer (the only kind whose names carry no layer index) "tied_modules.<key>.<local>",
 the tied key being the one whose parameters the file holds. DeepSpeed writes a tied layer's
 file only where it is the module itself (not a `forward_fn` use), so each tie appears once.
+
+At ZeRO stage 0 DeepSpeed writes no "param_shapes": a stage's optimizer state is torch's, by
+index, in the order the stage module lists its parameters, its tied modules' first (the
+ModuleDict is made before the layers), then its own layers':
+
+    stage 1's optimizer      [32,16]                    [16] [48,16] ... [16,64]   [16]
+    is                       a tied module's weights    layer_03's                 layer_04's
+
+`zero0_names` rebuilds each stage's names from that list and the layer files' shapes. A tie's
+key is written nowhere at ZeRO 0: the loading pipeline gives its own (layer -> key), and where
+none is given (a plain model) a layer whose weights a later stage lists ahead of its own layers
+is a tie, named by its layer index.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from ..errors import CheckpointError
 from .deepspeed import LAYER, DeepSpeedState, check_version, load_ds_file, model_file
@@ -66,7 +82,9 @@ class DeepSpeedPipeline(DeepSpeedSplit):
     """A DeepSpeed pipeline folder as the old split of a resume: `stages` one DeepSpeedState
     per pipeline stage, the weights from the layer files."""
 
-    def __init__(self, path: Path, new_split: dict | None = None):
+    def __init__(self, path: Path, new_split: dict | None = None, tied: dict[int, str] | None = None):
+        """tied: the loading pipeline's tied layers (layer index -> key), which name a ZeRO 0
+        folder's ties."""
         self.path = path
         first = load_ds_file(path / model_file(0))
         check_version(path, first)
@@ -75,14 +93,13 @@ class DeepSpeedPipeline(DeepSpeedSplit):
         if missing:
             raise CheckpointError(f"{path}: {model_file(missing[0])} is missing ({count} pipeline stages wrote this "
                                   f"DeepSpeed checkpoint, {len(missing)} stage file(s) absent); copy the whole folder")
-        shapes = [first.get("param_shapes")] + [load_ds_file(path / model_file(s)).get("param_shapes")
-                                                 for s in range(1, count)]
-        if any(not s for s in shapes):
-            raise CheckpointError(f"{path}: a DeepSpeed pipeline checkpoint without the names of its stages' "
-                                  "parameters (param_shapes: DeepSpeed writes them at ZeRO stage 1, not 0); "
-                                  "zerotrain reads ZeRO stage 1 ones: resume the run in DeepSpeed at ZeRO stage 1 "
-                                  "and save again")
-        self.stage_shapes = [{n: tuple(v) for group in s for n, v in group.items()} for s in shapes]
+        states = [first] + [load_ds_file(path / model_file(s)) for s in range(1, count)]
+        if all(s.get("param_shapes") for s in states):
+            self.stage_shapes = [{n: tuple(v) for group in s["param_shapes"] for n, v in group.items()}
+                                 for s in states]
+        else:
+            self.stage_shapes = zero0_names(path, self._layer_files(states), [_stage0_shapes(path, s) for s in states],
+                                            tied or {})
         module = self._layer_weights()
         self.stages = [[DeepSpeedState(path, list(names), mp=s, module=module)]
                        for s, names in enumerate(self.stage_shapes)]
@@ -95,6 +112,19 @@ class DeepSpeedPipeline(DeepSpeedSplit):
             self.holder.setdefault(name, 0)  # buffers and frozen weights: read from the layer files
         self.states, self.aliases = first, {}
         self.for_split(new_split)
+
+    def _layer_files(self, states: list[dict]) -> list[tuple[int, list[tuple[str, tuple]]]]:
+        """Each layer file's parameters (its buffers, which every stage names, left out) in
+        layer order: (index, [(local name, shape)])."""
+        buffers = {n for s in states for n in s.get("buffer_names") or []}
+        tied_buffers = {n.split(".", 2)[2] for n in buffers if n.startswith(TIED)}
+        out = []
+        for f in self.path.iterdir():
+            if m := LAYER.fullmatch(f.name):
+                idx = int(m.group(1))
+                out.append((idx, [(k, tuple(v.shape)) for k, v in load_ds_file(f).items()
+                                  if hasattr(v, "shape") and f"{idx}.{k}" not in buffers and k not in tied_buffers]))
+        return sorted(out)
 
     def _layer_weights(self) -> dict:
         """Every layer file's tensors under their pipeline names; `self.layer_of` records each
@@ -135,3 +165,76 @@ class DeepSpeedPipeline(DeepSpeedSplit):
     def describe(self) -> str:
         return (f"DeepSpeed {self.states.get('ds_version')} pipeline checkpoint ({len(self.stages)} stages, ZeRO stage "
                 f"{self.stages[0][0].stage}, {self.stages[0][0].ranks} data-parallel rank(s))")
+
+
+def _stage0_shapes(path: Path, states: dict) -> list[tuple]:
+    """A ZeRO 0 stage's parameter shapes in its optimizer's order (torch's state by index)."""
+    optimizer = states.get("optimizer")
+    inner = optimizer.get("optimizer_state_dict", optimizer) if isinstance(optimizer, dict) else None
+    if not inner or "state" not in inner or "param_groups" not in inner:
+        raise CheckpointError(f"{path}: a DeepSpeed pipeline checkpoint without the names of its stages' parameters "
+                              "(param_shapes) or torch's optimizer state beside them (ZeRO stage 0 in bf16/fp16 "
+                              "keeps its own); zerotrain reads ZeRO stage 1 ones and fp32 ZeRO 0 ones: resume the run "
+                              "in DeepSpeed at ZeRO stage 1 and save again")
+    order = [i for group in inner["param_groups"] for i in group["params"]]
+    shapes = []
+    for i in order:
+        moment = next((v for v in (inner["state"].get(i) or {}).values() if torch.is_tensor(v) and v.dim()), None)
+        if moment is None:
+            raise CheckpointError(f"{path}: parameter {i} of a stage of this DeepSpeed ZeRO 0 pipeline "
+                                  "checkpoint has no optimizer state, so its place is not known; save after a step")
+        shapes.append(tuple(moment.shape))
+    return shapes
+
+
+def _assign(files, lists, tied):
+    """Each stage's names for ties `tied`, or (stage, position) where its list stops fitting."""
+    out, p = [], 0
+    for s, want in enumerate(lists):
+        names, pos, used = {}, 0, set()
+
+        def fits(params):
+            return [shape for _, shape in params] == want[pos : pos + len(params)]
+
+        while True:  # its tied modules first
+            hit = next(((idx, params) for idx, params in files if idx in tied and tied[idx] not in used and params
+                        and fits(params)), None)
+            if hit is None:
+                break
+            used.add(tied[hit[0]])
+            names.update({f"{TIED}{tied[hit[0]]}.{k}": shape for k, shape in hit[1]})
+            pos += len(hit[1])
+        while pos < len(want) and p < len(files):  # then its own layers, in order
+            idx, params = files[p]
+            if idx not in tied:
+                if not fits(params):
+                    break
+                names.update({f"{idx}.{k}": shape for k, shape in params})
+                pos += len(params)
+            p += 1
+        if pos != len(want):
+            return None, (s, pos)
+        out.append(names)
+    if any(idx not in tied and params for idx, params in files[p:]):  # layers no stage lists
+        return None, (len(lists) - 1, len(lists[-1]))
+    return out, None
+
+
+def zero0_names(path: Path, files: list, lists: list[list[tuple]], tied: dict[int, str]) -> list[dict]:
+    """Each stage's {pipeline name: shape} in its optimizer's order, for a ZeRO 0 folder: `files`
+    the layer files' parameters, `lists` each stage's optimizer shapes, `tied` the known ties."""
+    tied = dict(tied)
+    for _ in range(len(files) + 1):
+        names, stop = _assign(files, lists, tied)
+        if stop is None:
+            return names
+        s, pos = stop
+        want = lists[s]
+        tie = next((idx for idx, params in files if idx not in tied and params and
+                    [shape for _, shape in params] == want[pos : pos + len(params)]), None)
+        if tie is None:
+            break
+        tied[tie] = str(tie)
+    raise CheckpointError(f"{path}: stage {s}'s optimizer state of a DeepSpeed ZeRO 0 pipeline checkpoint does not fit "
+                          f"its layer files (parameter {pos} of shape {list(want[pos]) if pos < len(want) else '-'}); "
+                          "the folder is incomplete or of another model: copy every layer and stage file")

@@ -80,9 +80,10 @@ def _pipeline_folder(engine, path, layout: dict, strict: bool):
     if split_record(engine.module):
         raise CheckpointError(f"{path}: DeepSpeed pipeline checkpoints load into runs without tensor parallelism; "
                               "resume with tensor_parallel.autotp_size 1")
+    pipeline = engine.checkpoint_extras().get("pipeline")
     with _applying(path, "layer_*-model_states.pt"):
-        saved = DeepSpeedPipeline(path)
-        if "pipeline" not in engine.checkpoint_extras():
+        saved = DeepSpeedPipeline(path, tied={idx: key for key, idx in (pipeline or {}).get("tied_layers", {}).items()})
+        if pipeline is None:
             saved = Renamed(saved, plain_names(path, saved.layers(), saved.shapes(), plain_shapes(engine, layout)))
         check_gathered_model(engine, path, saved, layout)
         _load_split_module(engine, saved, layout, strict)
