@@ -98,6 +98,8 @@ def test_wrong_deepspeed_input_is_one_line(tmp_path):
 # ---- a DeepSpeed pipeline folder (tests/fixtures/deepspeed_pipe2_zero1: 2 stages, ZeRO 1) ---------
 PIPE = FIXTURE.parent / "deepspeed_pipe2_zero1"
 PIPE_EXPECTED = json.loads((PIPE / "expected.json").read_text())
+PIPE0 = FIXTURE.parent / "deepspeed_pipe2_zero0"  # the same run at ZeRO 0
+PIPE0_EXPECTED = json.loads((PIPE0 / "expected.json").read_text())
 SIZES = {"vocab": 32, "seq": 8, "embd": 16, "layers": 2}  # the fixture's model
 
 
@@ -153,10 +155,6 @@ def test_deepspeed_pipeline_checkpoint_continues_on_any_stage_count_and_as_a_pla
         assert pipe_relative(resume_pipeline(str(PIPE), stages)["losses"]) <= 1e-5
 
 
-PIPE0 = FIXTURE.parent / "deepspeed_pipe2_zero0"
-PIPE0_EXPECTED = json.loads((PIPE0 / "expected.json").read_text())
-
-
 def test_deepspeed_zero0_pipeline_checkpoint_continues_on_2_stages_and_as_a_plain_model(world2):
     """At ZeRO 0 DeepSpeed names no parameters: each stage's torch optimizer state, by index,
     is placed by the layer files' shapes (checkpoint/deepspeed_pipe.zero0_names)."""
@@ -183,6 +181,11 @@ def test_wrong_deepspeed_pipeline_input_is_one_line(tmp_path):
     (step / "mp_rank_01_model_states.pt").unlink()
     with pytest.raises(Exception, match=r"mp_rank_01_model_states.pt is missing \(2 pipeline stages wrote"):
         resume_pipeline(str(folder), 1)
+    shutil.copytree(PIPE0, tmp_path / "zero0")
+    (tmp_path / "zero0" / "global_step3" / "layer_03-model_states.pt").unlink()
+    with pytest.raises(Exception, match=r"stage 1's optimizer state of a DeepSpeed ZeRO 0 pipeline checkpoint does not "
+                                        r"fit its layer files \(parameter 2 of shape \[48, 16\]\)"):
+        resume_pipeline(str(tmp_path / "zero0"), 1)
 
 
 # ---- a DeepSpeed AutoTP folder (tests/fixtures/deepspeed_autotp2_zero1: 2 tensor ranks, ZeRO 1) ----

@@ -173,9 +173,9 @@ def _stage0_shapes(path: Path, states: dict) -> list[tuple]:
     inner = optimizer.get("optimizer_state_dict", optimizer) if isinstance(optimizer, dict) else None
     if not inner or "state" not in inner or "param_groups" not in inner:
         raise CheckpointError(f"{path}: a DeepSpeed pipeline checkpoint without the names of its stages' parameters "
-                              "(param_shapes) or torch's optimizer state beside them (ZeRO stage 0 in bf16/fp16 "
-                              "keeps its own); zerotrain reads ZeRO stage 1 ones and fp32 ZeRO 0 ones: resume the run "
-                              "in DeepSpeed at ZeRO stage 1 and save again")
+                              "(param_shapes) or torch's optimizer state beside them (at ZeRO stage 0 in bf16 DeepSpeed "
+                              "keeps its own bf16 optimizer's); zerotrain reads ZeRO stage 1 ones and fp32 ZeRO 0 ones: "
+                              "resume the run in DeepSpeed at ZeRO stage 1 and save again")
     order = [i for group in inner["param_groups"] for i in group["params"]]
     shapes = []
     for i in order:
