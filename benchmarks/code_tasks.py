@@ -2,8 +2,9 @@
 real (computed from the code, not guessed) and learnable by a small byte-level model:
 
     cola-like  one line of Python: does it parse on its own (ast.parse)?          MCC / accuracy
-    mrpc-like  two lines: from the same function, or from two functions of two
-               different files?                                                  F1 / accuracy
+    mrpc-like  two lines: is the second the first with its names consistently renamed
+               (a paraphrase), or another line of the same function renamed
+               the same way?                                                     F1 / accuracy
     stsb-like  two lines: 5 x the Jaccard overlap of their identifier sets, a fifth
                of the pairs in each fifth of the range 0-5                       Pearson / Spearman
 
@@ -16,6 +17,8 @@ majority class is 50%. write_glue puts the rows in GLUE's own layouts, which
 from __future__ import annotations
 
 import ast
+import builtins
+import keyword
 import math
 import random
 import re
@@ -30,6 +33,9 @@ CLS, PAD = 256, 257  # byte ids are 0-255; [CLS] doubles as [SEP]
 TASKS = {"cola": ("CoLA", "matthews_correlation", 2), "mrpc": ("MRPC", "f1", 2), "stsb": ("STS-B", "pearson", 1)}
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
+# a name to rename: not inside a number (0x1f, 1e5) and not a string prefix (f"...", rb'...')
+NAME = re.compile(r"(?<!\w)[A-Za-z_]\w*(?![\w'\"])")
+FIXED = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))  # renaming these changes the meaning
 
 
 def function_lines(files: list[Path], line: tuple[int, int]) -> list[list[str]]:
@@ -84,6 +90,44 @@ def graded_pairs(funcs: list[list[str]], lines: list[str], n: int, rng: random.R
     return [p for b in bins for p in b]
 
 
+def renamed(line: str, pool: dict[int, list[str]], rng: random.Random) -> str:
+    """The line with every name that is not a keyword or builtin replaced, consistently, by
+    another real name of the same length (from `pool`, by length) that the line does not use:
+    the same statement, reworded, as long as before."""
+    own = set(NAME.findall(line))
+    mapping = {}
+    for x in sorted(own - FIXED):
+        choices = [y for y in pool.get(len(x), ()) if y not in own and y not in mapping.values()]
+        mapping[x] = rng.choice(choices) if choices else x[::-1] if x[::-1] not in own else x + "_"
+    return NAME.sub(lambda m: mapping.get(m.group(), m.group()), line)
+
+
+def skeleton(line: str) -> str:
+    """What renaming leaves: the line with its renameable names blanked."""
+    return NAME.sub(lambda m: m.group() if m.group() in FIXED else "_", line)
+
+
+def paraphrase_pairs(funcs: list[list[str]], n: int, rng: random.Random) -> list[tuple]:
+    """n pairs, alternately (line, the line renamed, 1) and (line, another line of its function
+    whose skeleton differs, renamed the same way, 0): both sides of a negative are as reworded
+    as a positive's, so only whether the two say the same thing tells them apart."""
+    pool: dict[int, list[str]] = {}
+    for x in sorted({x for fn in funcs for line in fn for x in NAME.findall(line)} - FIXED):
+        pool.setdefault(len(x), []).append(x)
+    usable = [fn for fn in funcs if any(skeleton(x) != x for x in fn)]
+    out = []
+    while len(out) < n:
+        fn = rng.choice(usable)
+        a = rng.choice([x for x in fn if skeleton(x) != x])
+        if len(out) % 2 == 0:
+            out.append((a, renamed(a, pool, rng), 1))
+            continue
+        others = [x for x in fn if skeleton(x) != skeleton(a)]
+        if others:
+            out.append((a, renamed(rng.choice(others), pool, rng), 0))
+    return out
+
+
 def make_tasks(n_train: int, n_dev: int, line: tuple[int, int] = (16, 56), max_files: int | None = None,
                seed: int = 0) -> dict:
     """{task: {"train": rows, "dev": rows}}; a row is (text_a, text_b or None, label)."""
@@ -103,18 +147,7 @@ def make_tasks(n_train: int, n_dev: int, line: tuple[int, int] = (16, 56), max_f
         bad = [x for x in lines if not parses(x)]
         k = min(n // 2, len(good), len(bad))
         cola = [(x, None, 1) for x in rng.sample(good, k)] + [(x, None, 0) for x in rng.sample(bad, k)]
-        mrpc = []
-        for i in range(n):
-            fa = rng.randrange(len(funcs))
-            a = rng.choice(funcs[fa])
-            if i % 2 == 0:
-                b = rng.choice([x for x in funcs[fa] if x != a])
-            else:
-                fb = rng.randrange(len(funcs))
-                while fb == fa:
-                    fb = rng.randrange(len(funcs))
-                b = rng.choice(funcs[fb])
-            mrpc.append((a, b, int(i % 2 == 0)))
+        mrpc = paraphrase_pairs(funcs, n, rng)
         stsb = graded_pairs(funcs, lines, n, rng)
         for t, rows in (("cola", cola), ("mrpc", mrpc), ("stsb", stsb)):
             rng.shuffle(rows)

@@ -60,7 +60,7 @@ def test_pld_glue_quick_runs_and_reports(tmp_path):
     names = {p.stem for p in (out / "runs").glob("*.json")}
     assert {"pretrain-baseline-s0", "pretrain-pld-s0", "ft-random-stsb-s0", "ft-pld-cola-s0"} <= names
     pld = json.loads((out / "runs" / "pretrain-pld-s0.json").read_text())
-    assert pld["ds_config"]["optimizer"]["params"]["bias_correction"] is False
+    assert pld["ds_config"]["optimizer"]["params"]["bias_correction"] is True
     assert pld["ds_config"]["progressive_layer_drop"]["theta"] == 0.5 and pld["steps"][-1][2] < 1.0
     ft = json.loads((out / "runs" / "ft-pld-mrpc-s0.json").read_text())
     assert {"accuracy", "f1", "majority"} <= set(ft["metrics"])
