@@ -92,7 +92,8 @@ def graded_pairs(funcs: list[list[str]], lines: list[str], n: int, rng: random.R
 
 def renamed(line: str, pool: dict[int, list[str]], rng: random.Random) -> str:
     """The line with every name that is not a keyword or builtin replaced, consistently, by
-    another real name of the same length (from `pool`, by length) that the line does not use:
+    another real name of the same length (from `pool`, by length; its reverse or a trailing
+    underscore where the pool has none) that the line does not use:
     the same statement, reworded, as long as before."""
     own = set(NAME.findall(line))
     mapping = {}

@@ -35,6 +35,29 @@ def test_spike_and_divergence_rules():
     assert count_events([5.0, float("nan")], 5)["diverged_at_step"] == 2  # non-finite, even in warmup
 
 
+def test_mrpc_like_pairs_are_consistent_renamings_or_other_shapes():
+    import random
+
+    sys.path.insert(0, str(BENCH))
+    from code_tasks import FIXED, NAME, paraphrase_pairs, skeleton
+
+    funcs = [["total = count(items, 1)", "return items + extra", "if count: print(total)", "x = 0x1f + len(y)"],
+             ["for i in range(n): acc += i", "self.value = f'{name}'", "def run(self, job):", "yield job.name"]]
+    pairs = paraphrase_pairs(funcs, 60, random.Random(0))
+    assert [y for *_, y in pairs] == [1, 0] * 30
+    for a, b, y in pairs:
+        assert skeleton(a) != a  # a line with something to rename
+        if y == 0:
+            assert skeleton(a) != skeleton(b)
+            continue
+        assert b != a and len(b) == len(a) and skeleton(b) == skeleton(a)
+        mapping = {}
+        for x, z in zip(NAME.findall(a), NAME.findall(b)):
+            assert mapping.setdefault(x, z) == z  # one name, one new name, everywhere in the line
+            assert (x in FIXED) == (x == z)  # keywords and builtins kept, every other name changed
+        assert len(set(mapping.values())) == len(mapping)
+
+
 def test_curriculum_quick_runs_reports_and_resumes(tmp_path):
     out = tmp_path / "curriculum"
     first = run("curriculum.py", out)
