@@ -46,7 +46,10 @@ warmup 10% then linear decay, dropout 0.1, the built-in classifier's pooler and 
 mean of the encoder's outputs over the line (not its first position: see --diagnose), dev
 metrics (500 rows) at the end. A task counts as learnt when a model beats the majority class
 by >= 5 accuracy points, MCC >= 0.1, Pearson >= 0.2.
-MEASURED
+Measured (one process per seed, both at once on the shared 2-core machine; runs/*.json): a
+pretraining job 13-14 minutes of wall-clock (275-281 CPU s of steps per arm, a baseline step
+0.92-0.95 CPU s); a fine-tuning job 79-83 CPU s (CoLA-like) or 162-172 (the pair tasks), 1.5-4
+minutes of wall-clock; the whole study about 60 CPU-minutes, 41 minutes of wall-clock.
 """
 
 from __future__ import annotations
@@ -541,8 +544,8 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         frows = [[r["task"], r["ft"]["lr"], r["rows"], r["steps"],
                   ", ".join(f"{k} {v:.3f}" for k, v in r["metrics"].items() if k in shown),
                   "yes" if r["learnt"] else "no", f"{r['cpu_s']:.0f}"] for r in ftp]
-        parts.append("**Fine-tuning probes** (`--probe-task TASK`: a random initialisation, the study's "
-                     "fine-tuning settings):\n\n" +
+        parts.append("**Fine-tuning probes** (`--probe-task TASK --probe-ft LR,ROWS,EPOCHS`: a random "
+                     "initialisation, otherwise the study's fine-tuning settings):\n\n" +
                      markdown_table(["task", "lr", "training rows", "steps", "dev", "learnt", "CPU s"], frows))
     diag = study.root / "diagnosis.json"
     if diag.is_file():
@@ -585,10 +588,14 @@ def plots(plan: Plan, study: Study, runs: dict) -> None:
         for ax, key in zip(axes, ("samples", "wall_s")):
             ax.plot([e[key] for e in r["evals"]], [e["val_loss"] for e in r["evals"]], ls, color=colors[r["arm"]],
                     marker="o", ms=2, label=f"{r['arm']} seed {r['seed']}")
+    unigram = [json.loads(f.read_text())["unigram_entropy_held_out"] for f in (study.root / "probes").glob("lr*.json")]
     for ax, label in zip(axes, ("samples trained", "training wall-clock (s, steps only)")):
+        if unigram:
+            ax.axhline(unigram[0], color="gray", lw=0.8, ls=":", label="byte unigram entropy (held out)")
+        ax.set_ylim(top=3.7)  # the first evaluation (untrained, ~5.6) would flatten the rest
         ax.set_xlabel(label)
         ax.set_ylabel("held-out MLM loss (nats/byte)")
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.suptitle("progressive layer drop (theta 0.5) vs none, Pre-LN BERT")
     fig.tight_layout()
     fig.savefig(study.root / "pretraining.png", dpi=90)
