@@ -7,6 +7,7 @@ tasks built from real text, with and without PLD and from a random initialisatio
     python benchmarks/pld_glue.py --diagnose  # the short fine-tuning experiments (small BERT)
     python benchmarks/pld_glue.py --probe NAME [--probe-steps K]  # the baseline alone, PROBES[NAME]
     python benchmarks/pld_glue.py --probe-task mrpc                # one fine-tune from random init
+    python benchmarks/pld_glue.py --probe-task mrpc --probe-start baseline --probe-seed 1 --probe-ft 3e-4,1000,3
     python benchmarks/pld_glue.py --quick --out /tmp/pq   # a tiny model, a few steps (the test)
 
 One process, one thread. Text: benchmarks/study_text.py (English docs, vim help, Python stdlib,
@@ -444,16 +445,40 @@ def probe_pretraining(plan: Plan, name: str, study: Study, steps: int) -> dict:
     return res
 
 
-def probe_task(plan: Plan, task: str, study: Study) -> dict:
-    """One fine-tuning job from a random initialisation with the plan's settings: can a start
-    with nothing pretrained learn the task at this size? Written to <out>/probes/ft-<task>.json."""
+def baseline_weights(plan: Plan, seed: int) -> dict:
+    """The baseline arm's pretrained weights: the study's file when it is there, else the arm
+    trained alone with the study's data, schedule and steps (its dropout draws differ from the
+    race's, where the PLD arm's steps share the generator), saved for the next probe."""
+    path = weights_path(plan, seed, "baseline")
+    if not path.exists():
+        corpus = load_corpus()
+        engine, _, _ = build_pretrain(plan, seed, None)
+        for k in range(plan.steps):
+            inputs, labels = mlm_batch(corpus.train, plan, seed * 1_000_003 + k)
+            engine.backward(engine(inputs, labels=labels))
+            engine.step()
+        print(f"baseline seed {seed} pretrained alone: held-out MLM {mlm_val_loss(engine, corpus.val, plan):.4f}",
+              flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(engine.module_state_dict(), path)
+    return torch.load(path)
+
+
+def probe_task(plan: Plan, task: str, study: Study, start: str = "random", seed: int = 0) -> dict:
+    """One fine-tuning job with the plan's settings from a random initialisation (can a start
+    with nothing pretrained learn the task at this size?) or from the baseline's pretrained
+    weights (does the fine-tuning LR decide what a pretrained start learns?). Written to
+    <out>/probes/ft-<task>-....json."""
     data = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line, plan.max_files)[task]
-    res = finetune(plan, task, None, data, 0, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
-    res.update({"task": task, "machine": machine()})
-    print(task, res["metrics"], "learnt" if res["learnt"] else "not learnt", f"{res['cpu_s']} CPU s", flush=True)
+    init = None if start == "random" else baseline_weights(plan, seed)
+    res = finetune(plan, task, init, data, seed, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
+    res.update({"task": task, "start": start, "seed": seed, "machine": machine()})
+    print(task, start, res["metrics"], "learnt" if res["learnt"] else "not learnt", f"{res['cpu_s']} CPU s",
+          flush=True)
     out = study.root / "probes"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"ft-{task}-lr{plan.ft_lr:g}-rows{plan.ft_rows}-ep{plan.ft_epochs}.json").write_text(
+    tag = "" if start == "random" else f"-{start}-s{seed}"
+    (out / f"ft-{task}{tag}-lr{plan.ft_lr:g}-rows{plan.ft_rows}-ep{plan.ft_epochs}.json").write_text(
         json.dumps(res, indent=1) + "\n")
     return res
 
@@ -541,12 +566,14 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
     ftp = [r for r in probes if "metrics" in r]
     if ftp:
         shown = ("accuracy", "f1", "matthews_correlation", "pearson")
-        frows = [[r["task"], r["ft"]["lr"], r["rows"], r["steps"],
+        frows = [[r["task"], r.get("start", "random") + (f" s{r['seed']}" if r.get("start", "random") != "random" else ""),
+                  r["ft"]["lr"], r["rows"], r["steps"],
                   ", ".join(f"{k} {v:.3f}" for k, v in r["metrics"].items() if k in shown),
                   "yes" if r["learnt"] else "no", f"{r['cpu_s']:.0f}"] for r in ftp]
-        parts.append("**Fine-tuning probes** (`--probe-task TASK --probe-ft LR,ROWS,EPOCHS`: a random "
-                     "initialisation, otherwise the study's fine-tuning settings):\n\n" +
-                     markdown_table(["task", "lr", "training rows", "steps", "dev", "learnt", "CPU s"], frows))
+        parts.append("**Fine-tuning probes** (`--probe-task TASK --probe-ft LR,ROWS,EPOCHS [--probe-start baseline "
+                     "--probe-seed S]`: a random initialisation or the baseline's pretrained weights, otherwise the "
+                     "study's fine-tuning settings):\n\n" +
+                     markdown_table(["task", "start", "lr", "training rows", "steps", "dev", "learnt", "CPU s"], frows))
     diag = study.root / "diagnosis.json"
     if diag.is_file():
         d = json.loads(diag.read_text())
@@ -670,7 +697,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="where a pretraining step's time goes")
     parser.add_argument("--probe", choices=sorted(PROBES), help="train the baseline alone with these settings")
     parser.add_argument("--probe-steps", type=int, default=300, help="the probe's steps")
-    parser.add_argument("--probe-task", choices=sorted(TASKS), help="fine-tune a random init on this task alone")
+    parser.add_argument("--probe-task", choices=sorted(TASKS), help="fine-tune one start on this task alone")
+    parser.add_argument("--probe-start", choices=["random", "baseline"], default="random",
+                        help="the probe's start: a random init, or the baseline's pretrained weights")
+    parser.add_argument("--probe-seed", type=int, default=0, help="the probe's seed (pretraining and fine-tuning)")
     parser.add_argument("--probe-ft", default="", help="the fine-tuning probe's lr,rows,epochs (default: the "
                                                            "plan's)")
     args = parser.parse_args()
@@ -687,7 +717,7 @@ def main() -> None:
         if args.probe_ft:
             lr, rows, epochs = args.probe_ft.split(",")
             plan = replace(plan, ft_lr=float(lr), ft_rows=int(rows), ft_epochs=int(epochs))
-        probe_task(plan, args.probe_task, study)
+        probe_task(plan, args.probe_task, study, args.probe_start, args.probe_seed)
         return
     if args.profile:
         profile_step(plan, study.root, repeats=1 if args.quick else 6)
