@@ -224,6 +224,19 @@ def pipe_batches(step: int, micro: int, dp: int, d: int) -> list:
     return [(rows[i : i + micro], rows[i : i + micro]) for i in range(0, len(rows), micro)]
 
 
+def save_and_resume(args, engine, steps, client_state=None) -> tuple[list, list, list]:
+    """DeepSpeed's own resume: `engine()` trains K steps and saves, then N more; a fresh
+    engine loads the folder and trains the same N. Returns the three loss lists."""
+    e = engine()
+    before = steps(e, 0, args.before)
+    e.save_checkpoint(args.save, client_state=client_state or {})
+    uninterrupted = steps(e, args.before, args.before + args.after)
+    e.destroy()
+    fresh = engine()
+    fresh.load_checkpoint(args.save)
+    return before, uninterrupted, steps(fresh, args.before, args.before + args.after)
+
+
 def pipe_worker(args) -> None:
     """DeepSpeed's PipelineModule (2 stages): K steps, save, N more; a fresh engine loads and
     trains the same N (DeepSpeed's resume)."""
@@ -246,14 +259,8 @@ def pipe_worker(args) -> None:
     def steps(e, start, stop):
         return [e.train_batch(iter(pipe_batches(s, 1, 1, 0))).item() for s in range(start, stop)]
 
-    e = engine()
-    before = steps(e, 0, args.before)
-    e.save_checkpoint(args.save, client_state={"run": "deepspeed_checkpoints.py", "k": args.before})
-    uninterrupted = steps(e, args.before, args.before + args.after)
-    e.destroy()
-    fresh = engine()
-    fresh.load_checkpoint(args.save)
-    resumed = steps(fresh, args.before, args.before + args.after)
+    before, uninterrupted, resumed = save_and_resume(args, engine, steps,
+                                                     {"run": "deepspeed_checkpoints.py", "k": args.before})
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({
             "deepspeed": deepspeed.__version__, "torch": torch.__version__, "stage": args.stage,
@@ -497,14 +504,8 @@ def autotp_case_worker(args) -> None:
             out.append(loss.item())
         return out
 
-    e = deepspeed.initialize(model=hf_llama(), config=cfg, model_parameters=None)[0]
-    before = steps(e, 0, args.before)
-    e.save_checkpoint(args.save)
-    uninterrupted = steps(e, args.before, args.before + args.after)
-    e.destroy()
-    fresh = deepspeed.initialize(model=hf_llama(), config=cfg, model_parameters=None)[0]
-    fresh.load_checkpoint(args.save)
-    resumed = steps(fresh, args.before, args.before + args.after)
+    before, uninterrupted, resumed = save_and_resume(
+        args, lambda: deepspeed.initialize(model=hf_llama(), config=cfg, model_parameters=None)[0], steps)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({
             "deepspeed": deepspeed.__version__, "torch": torch.__version__, "stage": args.stage,
