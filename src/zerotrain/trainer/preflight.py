@@ -82,8 +82,9 @@ def refuse_custom_schedules(cfg) -> None:
     the run would load everything and fail at its first batch."""
     found = custom_schedules(cfg)
     if found:
-        raise ConfigError(f"{found[0]}.schedule_type custom: the command line cannot set its difficulty function; "
-                          "use fixed_linear, fixed_root or fixed_discrete, or train from Python and call "
+        its = "its difficulty function" if len(found) == 1 else "their difficulty functions"
+        raise ConfigError(f"{', '.join(f'{path}.schedule_type' for path in found)} custom: the command line cannot "
+                          f"set {its}; use fixed_linear, fixed_root or fixed_discrete, or train from Python and call "
                           "engine.set_custom_curriculum_learning_schedule(fn) (with zerotrain.Trainer: "
                           "trainer.engine's, in a callback's on_train_begin)")
 

@@ -194,3 +194,16 @@ def test_a_python_callback_sets_the_custom_schedule(tmp_path):
     _, recs = run(options(tmp_path, deepspeed=ds, validation_split_percentage=0, max_steps=4), [Schedule(), inputs])
     assert [r["difficulty_seqlen_truncate"] for r in recs if "loss" in r] == [16, 24, 32, 32]  # frozen at max
     assert [len(ids[0]) for _, ids in inputs.seen] == [16, 24, 32, 32]
+
+
+def test_every_custom_schedule_is_named_in_the_one_line():
+    from zerotrain.config.loader import load_config
+    from zerotrain.trainer.preflight import refuse_custom_schedules
+
+    both = {"train_batch_size": 4, **curriculum({"seqlen_truncate": CUSTOM}), **LEGACY_CUSTOM}
+    with pytest.raises(ConfigError) as caught:
+        refuse_custom_schedules(load_config(both))
+    assert str(caught.value).startswith(
+        "curriculum_learning.schedule_type, data_efficiency.data_sampling.curriculum_learning.curriculum_metrics."
+        "seqlen_truncate.schedule_type custom: the command line cannot set their difficulty functions; ")
+    refuse_custom_schedules(load_config({"train_batch_size": 4, **curriculum({"seqlen_truncate": TRUNCATE})}))
