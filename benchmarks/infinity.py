@@ -30,16 +30,18 @@ most of the machine), a torchrun of 2 processes unless said:
              (1 and 4 processes) to step 3, the global batch kept by gradient accumulation
              (`--global-batch 4` lets 1, 2 and 4 ranks share it): its losses must equal `nvme`'s
              to 1e-5 relative, or to train-dpN's distance where that is larger; every rank's peak
-             RSS must stay at most the `nvme` job's largest; the load's own peak is measured
-             apart (VmHWM reset before and after it)
+             RSS must stay at most the `nvme` job's largest, or with `--floor` train-dpN's where
+             that is larger (one rank holds what two split); the load's own peak is measured
+             apart (VmHWM reset before and after it), and what each step leaves resident is
+             printed as anonymous memory and mapped file pages
   consolidate  `zerotrain consolidate` of the resumed run's final checkpoint, its peak RSS
              (under 2 GiB is the target) and its output against the trained weights (the bf16
              rounding of each consolidated fp32 master equals the module's weight)
   trainer    the model saved as a folder, then `zerotrain train --model_name_or_path` at stage
              3 + NVMe for 3 steps: the trainer's ranks' peak RSS
 
-Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`; at most `nvme`'s in
-`resume-dp`. `--record FILE` writes every job's figures (per-rank peaks by phase, losses, times)
+Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`; in `resume-dp` at
+most `nvme`'s, or its own size's from scratch where that is larger. `--record FILE` writes every job's figures (per-rank peaks by phase, losses, times)
 as one JSON (docs/results/infinity/).
 """
 
@@ -93,6 +95,12 @@ def _peak_kib(since_reset: bool) -> int:
     return peak
 
 
+def _resident() -> dict:
+    """What the process holds now, GiB: anonymous memory (heap, tensors) and mapped file pages
+    (a checkpoint read through mmap counts here while its pages are mapped)."""
+    return {k: round(status_kib(f) / (1 << 20), 3) for k, f in (("anon", "RssAnon"), ("file", "RssFile"))}
+
+
 def worker(args) -> None:
     import torch
 
@@ -112,14 +120,15 @@ def worker(args) -> None:
     if args.load:  # the load's own peak: VmHWM reset before it and after it
         t = time.perf_counter()
         engine.load_checkpoint(args.load)
-        load = {"s": time.perf_counter() - t, "hwm_kib": _peak_kib(since_reset=True)}
+        load = {"s": time.perf_counter() - t, "hwm_kib": _peak_kib(since_reset=True), "after": _resident()}
         start = engine.global_steps
     if rank == 0:
         print(f"  initialized in {init['s']:.1f} s, VmHWM {init['hwm_kib'] / (1 << 20):.2f} GiB"
-              + (f"; loaded in {load['s']:.1f} s, VmHWM {load['hwm_kib'] / (1 << 20):.2f} GiB" if load else ""),
+              + (f"; loaded in {load['s']:.1f} s, VmHWM {load['hwm_kib'] / (1 << 20):.2f} GiB (now anon "
+                 f"{load['after']['anon']:.2f}, file {load['after']['file']:.2f})" if load else ""),
               flush=True)
     accumulate = args.global_batch // world
-    losses, times = [], []
+    losses, times, resident = [], [], []
     for step in range(start, args.steps):
         t = time.perf_counter()
         total = torch.zeros(1)
@@ -133,9 +142,10 @@ def worker(args) -> None:
         engine.comm.all_reduce(total)  # a world of one has no process group: the facade's collectives
         losses.append(total.item() / args.global_batch)
         times.append(time.perf_counter() - t)
+        resident.append(_resident())
         if rank == 0:
-            print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {status_kib('VmHWM') / (1 << 20):.2f} GiB",
-                  flush=True)
+            print(f"  step {step + 1}: loss {losses[-1]:.6f}, {times[-1]:.1f} s, VmHWM {status_kib('VmHWM') / (1 << 20):.2f} GiB"
+                  f" (now anon {resident[-1]['anon']:.2f}, file {resident[-1]['file']:.2f})", flush=True)
         if args.save and engine.global_steps == args.save_at:
             engine.save_checkpoint(args.save)
             if args.kill:
@@ -154,7 +164,7 @@ def worker(args) -> None:
         peaks = [max(v for v in p.values() if v is not None) for p in phases]
         Path(args.out).write_text(json.dumps({"init": init, "load": load, "world": world, "phases": phases,
                                               "peaks_kib": peaks, "hwm_kib": max(peaks), "losses": losses,
-                                              "times": times, "sums": sums,
+                                              "times": times, "resident_after_steps": resident, "sums": sums,
                                               "params": sum(p.numel() for p in engine.module.parameters())}))
     engine.destroy()
 
@@ -265,13 +275,16 @@ def _resume_dp(args, work: Path, ckpt: Path, nproc: int, train: dict, floor: dic
     diffs = [abs(a - b) / abs(b) for a, b in zip(r["losses"], train["losses"][1:])]
     # the target: 1e-5, or no further from the 2-rank run than `nproc` ranks that never stopped
     target = max([1e-5] + (floor["relative_loss_difference"][1:] if floor else []))
-    under = r["hwm_kib"] <= train["hwm_kib"]
+    # a smaller job's rank holds a larger share: judged against its own size trained from scratch too
+    ceiling = max(train["hwm_kib"], floor["hwm_kib"]) if floor else train["hwm_kib"]
+    under = r["hwm_kib"] <= ceiling
     r["relative_loss_difference"] = diffs
     print(_line(name, r), flush=True)
     print(f"{name}: relative difference from the uninterrupted {train['world']}-rank losses, step by step: "
           f"{', '.join('%.2e' % x for x in diffs)} (target {target:.2e}); largest rank's peak {_gib(r['hwm_kib'])} "
-          f"GiB against the training job's {_gib(train['hwm_kib'])} ({'at most' if under else 'ABOVE'})"
-          + (f", against {_gib(floor['hwm_kib'])} of {nproc} rank(s) that never stopped" if floor else "")
+          f"GiB against the training job's {_gib(train['hwm_kib'])}"
+          + (f" and {_gib(floor['hwm_kib'])} of {nproc} rank(s) that never stopped" if floor else "")
+          + f" ({'at most the larger' if under else 'ABOVE'})"
           + f"; swap folders now: {_swap_left(args.nvme_path) or 'none'}", flush=True)
     return max(diffs) <= target and under and len(diffs) == len(train["losses"]) - 1, r
 
