@@ -8,6 +8,7 @@ tasks built from real text, with and without PLD and from a random initialisatio
     python benchmarks/pld_glue.py --probe NAME [--probe-steps K]  # the baseline alone, PROBES[NAME]
     python benchmarks/pld_glue.py --probe-task mrpc                # one fine-tune from random init
     python benchmarks/pld_glue.py --probe-task mrpc --probe-start baseline --probe-seed 1 --probe-ft 3e-4,1000,3
+    python benchmarks/pld_glue.py --probe-task mrpc --probe-start baseline --probe-seed 1 --probe-pretrain 64,32,300
     python benchmarks/pld_glue.py --quick --out /tmp/pq   # a tiny model, a few steps (the test)
 
 One process, one thread. Text: benchmarks/study_text.py (English docs, vim help, Python stdlib,
@@ -16,16 +17,18 @@ de-duplicated by hash, then 1 file in 10 held out); bytes as tokens plus three i
 
 Pretraining (the third source document's recipe, scaled to a CPU): the built-in Pre-LN BERT,
 8 layers, hidden 256, 4 heads, FFN 1024, dropout 0.1 (6.5M parameters), MLM on 15% of
-positions (80/10/10), sequences of 64, batch 32; Adam (bias correction on), lr 1e-3, weight
+positions (80/10/10), sequences of 128, batch 16; Adam (bias correction on), lr 1e-3, weight
 decay 0.01, clipping 1.0; the warmup_linear_decay_exp schedule (50 warmup steps, 0.99 every
 N/200 steps). The document's own optimizer settings (bias_correction false, 2% warmup: 6
-steps here), made for a batch of 4,096, leave this model on the byte-unigram plateau at batch
+steps here), made for a batch of 4,096, leave this model on the byte-unigram plateau at 64 x
 32 (held-out MLM 3.46 after 200 steps against a unigram entropy of 3.50; with bias correction
 and 50 warmup steps 3.10): `--probe` measures each setting, PROBES lists them.
 Per seed (0 and 1) one job races two engines in one process, each next step going to the one
-that has trained for less time: the baseline trains N = 300 steps (9,600 samples); PLD (theta
-0.5, gamma = ln(50) / (N/4), so theta is within 0.01 of 0.5 after a quarter of the run) trains
-until its summed step time reaches the baseline's (equal wall-clock). Held-out MLM loss (eval
+that has trained for less time: the baseline trains N = 900 steps (14,400 samples) on a
+schedule planned for N; PLD (theta 0.5, gamma = ln(50) / (N/4), so theta is within 0.01 of 0.5
+after a quarter of the run) has its own schedule, planned for 1.35 N steps (what PLD reached in
+the baseline's wall-clock in a 300-step study), and trains until its summed step time reaches
+the baseline's (equal wall-clock) or its planned steps are done. Held-out MLM loss (eval
 mode, all layers, 8 fixed masked batches of held-out text) every N/10 steps of each run.
 Targets: PLD samples/s >= 1.24x the baseline's (over the steps after theta settled), and PLD
 reaching the baseline's final held-out loss in <= 0.8x the baseline's wall-clock.
@@ -47,10 +50,11 @@ warmup 10% then linear decay, dropout 0.1, the built-in classifier's pooler and 
 mean of the encoder's outputs over the line (not its first position: see --diagnose), dev
 metrics (500 rows) at the end. A task counts as learnt when a model beats the majority class
 by >= 5 accuracy points, MCC >= 0.1, Pearson >= 0.2.
-Measured (one process per seed, both at once on the shared 2-core machine; runs/*.json): a
-pretraining job 13-14 minutes of wall-clock (275-281 CPU s of steps per arm, a baseline step
-0.92-0.95 CPU s); a fine-tuning job 79-83 CPU s (CoLA-like) or 162-172 (the pair tasks), 1.5-4
-minutes of wall-clock; the whole study about 60 CPU-minutes, 41 minutes of wall-clock.
+Measured (one process per seed, both at once on the 2-core machine, shared for part of the
+run with a 1.23B-parameter job; runs/*.json): a pretraining job 26-27 minutes of wall-clock
+(1,032-1,063 CPU s of steps per arm, a baseline step 1.15-1.18 CPU s); a fine-tuning job 78-96
+CPU s (CoLA-like) or 151-182 (the pair tasks); the whole study about 115 CPU-minutes, 85 minutes
+of wall-clock.
 """
 
 from __future__ import annotations
@@ -82,10 +86,16 @@ MASK, VOCAB = 258, 259  # after the bytes, CLS and PAD (code_tasks.py)
 
 @dataclass
 class Plan:
-    seq: int = 64
-    batch: int = 32
+    # the document's 128 positions: a fine-tuning pair reaches 115 (2 lines of up to 56 bytes and
+    # 3 markers), and positions the pretraining never filled keep their random embeddings
+    seq: int = 128
+    batch: int = 16  # 2,048 tokens a step, as the probes' 64 x 32
     bert: dict = field(default_factory=lambda: dict(n_embd=256, n_layer=8, n_head=4, n_inner=1024, dropout=0.1))
-    steps: int = 300
+    steps: int = 900
+    # PLD's own LR schedule is planned for this many times the baseline's steps: the step count the
+    # 300-step study's PLD arm reached in the baseline's wall-clock (404 / 300), so neither arm's last
+    # steps run on a schedule planned for the other
+    pld_steps_ratio: float = 1.35
     # the document's optimizer at its batch of 4,096 is lr 1e-3, bias_correction false, 2%
     # warmup; at batch 32 that keeps the encoder on the byte-unigram plateau (PROBES)
     lr: float = 1e-3
@@ -130,10 +140,12 @@ def mlm_batch(stream: torch.Tensor, plan: Plan, seed: int) -> tuple[torch.Tensor
 
 
 # ---- pretraining -------------------------------------------------------------------------------
-def build_pretrain(plan: Plan, seed: int, pld: dict | None):
+def build_pretrain(plan: Plan, seed: int, pld: dict | None, steps: int | None = None):
+    """One arm's engine, its LR schedule planned for `steps` (default: the plan's)."""
     import zerotrain
     from zerotrain.models import PreLNBertMLM
 
+    steps = steps or plan.steps
     torch.manual_seed(seed)
     model = PreLNBertMLM(bert_config(plan))
     cfg = {"train_batch_size": plan.batch, "train_micro_batch_size_per_gpu": plan.batch, "steps_per_print": 10**9,
@@ -142,9 +154,9 @@ def build_pretrain(plan: Plan, seed: int, pld: dict | None):
            "gradient_clipping": 1.0}
     if pld:
         cfg["progressive_layer_drop"] = {"enabled": True, **pld}
-    warmup = plan.warmup if plan.warmup is not None else max(1, round(0.02 * plan.steps))
-    decay_steps = max(1, plan.steps // 200)
-    schedule = lambda opt: zerotrain.get_scheduler("warmup_linear_decay_exp", opt, warmup, plan.steps,  # noqa: E731
+    warmup = plan.warmup if plan.warmup is not None else max(1, round(0.02 * steps))
+    decay_steps = max(1, steps // 200)
+    schedule = lambda opt: zerotrain.get_scheduler("warmup_linear_decay_exp", opt, warmup, steps,  # noqa: E731
                                                    decay_rate=0.99, decay_steps=decay_steps)
     engine, *_ = zerotrain.initialize(model=model, config=cfg, lr_scheduler=schedule)
     return engine, model, cfg
@@ -166,8 +178,9 @@ def pretrain(plan: Plan, seed: int, corpus) -> dict:
 
     print(corpus.describe(), flush=True)
     gamma = math.log(50) / (0.25 * plan.steps)
-    arms = {"baseline": build_pretrain(plan, seed, None),
-            "pld": build_pretrain(plan, seed, {"theta": 0.5, "gamma": gamma})}
+    planned = {"baseline": plan.steps, "pld": round(plan.pld_steps_ratio * plan.steps)}
+    arms = {"baseline": build_pretrain(plan, seed, None, planned["baseline"]),
+            "pld": build_pretrain(plan, seed, {"theta": 0.5, "gamma": gamma}, planned["pld"])}
     logs = {a: {"steps": [], "evals": [], "wall": 0.0, "cpu": 0.0} for a in arms}
     every = max(1, plan.steps // plan.evals)
 
@@ -183,6 +196,8 @@ def pretrain(plan: Plan, seed: int, corpus) -> dict:
     def live(arm):
         if arm == "baseline":
             return len(logs[arm]["steps"]) < plan.steps
+        if len(logs["pld"]["steps"]) >= planned["pld"]:
+            return False
         return len(logs["baseline"]["steps"]) < plan.steps or logs["pld"]["wall"] < logs["baseline"]["wall"]
 
     n_layer = plan.bert["n_layer"]
@@ -212,7 +227,7 @@ def pretrain(plan: Plan, seed: int, corpus) -> dict:
         out[f"pretrain-{arm}-s{seed}"] = {
             "study": "pld_glue", "kind": "pretrain", "arm": arm, "seed": seed, "params": sum(p.numel() for p in
                                                                                               model.parameters()),
-            "bert": plan.bert, "seq": plan.seq, "batch": plan.batch, "planned_steps": plan.steps, "gamma": gamma,
+            "bert": plan.bert, "seq": plan.seq, "batch": plan.batch, "planned_steps": planned[arm], "gamma": gamma,
             "ds_config": cfg, "corpus": corpus.stats, "machine_start": machine(),
             "steps": lg["steps"], "evals": lg["evals"], "settled_from_step": settled,
             "final": {"steps": len(lg["steps"]), "samples": len(lg["steps"]) * plan.batch, "wall_s": round(lg["wall"], 2),
@@ -223,7 +238,11 @@ def pretrain(plan: Plan, seed: int, corpus) -> dict:
 
 
 def weights_path(plan: Plan, seed: int, arm: str) -> Path:
-    return plan.weights / f"{'quick-' if plan is QUICK else ''}pretrain-{arm}-s{seed}.pt"
+    """The study's weights file, or a probe's when its pretraining shape differs from the plan's."""
+    default = Plan()
+    tag = "" if (plan.seq, plan.batch, plan.steps) == (default.seq, default.batch, default.steps) or plan is QUICK \
+        else f"-seq{plan.seq}x{plan.batch}-{plan.steps}steps"
+    return plan.weights / f"{'quick-' if plan is QUICK else ''}pretrain-{arm}-s{seed}{tag}.pt"
 
 
 # ---- fine-tuning ---------------------------------------------------------------------------------
@@ -309,7 +328,8 @@ def jobs(plan: Plan, study: Study, corpus_fn) -> list[Job]:
                 study.have(r) for r in ft_ids)
 
         out.append(Job(f"pretrain-s{seed}", ids, lambda seed=seed: pretrain(plan, seed, corpus_fn()),
-                       f"BERT pair (baseline {plan.steps} steps x {plan.batch}; PLD to equal wall-clock), seed {seed}",
+                       f"BERT pair (baseline {plan.steps} steps x {plan.batch}; PLD on its own "
+                       f"{round(plan.pld_steps_ratio * plan.steps)}-step schedule to equal wall-clock), seed {seed}",
                        done=weights_ok))
         for init in ("baseline", "pld", "random"):
             for task in TASKS:
@@ -464,20 +484,31 @@ def baseline_weights(plan: Plan, seed: int) -> dict:
     return torch.load(path)
 
 
-def probe_task(plan: Plan, task: str, study: Study, start: str = "random", seed: int = 0) -> dict:
+def probe_task(plan: Plan, task: str, study: Study, start: str = "random", seed: int = 0,
+               ft_seed: int | None = None) -> dict:
     """One fine-tuning job with the plan's settings from a random initialisation (can a start
     with nothing pretrained learn the task at this size?) or from the baseline's pretrained
     weights (does the fine-tuning LR decide what a pretrained start learns?). Written to
     <out>/probes/ft-<task>-....json."""
     data = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line, plan.max_files)[task]
-    init = None if start == "random" else baseline_weights(plan, seed)
-    res = finetune(plan, task, init, data, seed, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
-    res.update({"task": task, "start": start, "seed": seed, "machine": machine()})
+    if start == "pld":  # the study's own PLD weights: a PLD arm is not pretrained alone
+        init = torch.load(weights_path(plan, seed, "pld"))
+    else:
+        init = None if start == "random" else baseline_weights(plan, seed)
+    ft_seed = seed if ft_seed is None else ft_seed  # the fine-tuning's: its rows' order, the head's (or a random start's) draws
+    res = finetune(plan, task, init, data, ft_seed, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
+    res.update({"task": task, "start": start, "seed": seed, "ft_seed": ft_seed,
+                "n_positions": bert_config(plan).n_positions, "machine": machine()})
+    if init is not None:
+        res["pretrain"] = {"seq": plan.seq, "batch": plan.batch,
+                           "steps": "the race's" if start == "pld" else f"{plan.steps} steps"}
     print(task, start, res["metrics"], "learnt" if res["learnt"] else "not learnt", f"{res['cpu_s']} CPU s",
           flush=True)
     out = study.root / "probes"
     out.mkdir(parents=True, exist_ok=True)
-    tag = "" if start == "random" else f"-{start}-s{seed}"
+    tag = "" if start == "random" else f"-{start}-s{seed}" + weights_path(plan, seed, start).stem.partition(
+        f"-s{seed}")[2]
+    tag += f"-ft{ft_seed}" if ft_seed != seed else ""
     (out / f"ft-{task}{tag}-lr{plan.ft_lr:g}-rows{plan.ft_rows}-ep{plan.ft_epochs}.json").write_text(
         json.dumps(res, indent=1) + "\n")
     return res
@@ -508,8 +539,9 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
         reach.append([seed, f"{pld['gamma']:.4f}", k0, f"{sps['pld'] / sps['baseline']:.2f}x", f"{100 * kept:.1f}%",
                       f"{target:.4f}", "not reached" if w is None else f"{w / base['final']['wall_s']:.2f}x"])
     if rows:
-        parts.append(f"**Pretraining** (Pre-LN BERT MLM, seq {plan.seq}, batch {plan.batch}; PLD stops at the "
-                     "baseline's wall-clock):\n\n" +
+        planned = next(r.get("planned_steps") for k, r in runs.items() if k.startswith("pretrain-pld"))
+        parts.append(f"**Pretraining** (Pre-LN BERT MLM, seq {plan.seq}, batch {plan.batch}; PLD on its own LR schedule "
+                     f"planned for {planned} steps, stopped at the baseline's wall-clock or there):\n\n" +
                      markdown_table(["arm", "seed", "params", "steps", "samples", "wall-clock s", "CPU s",
                                      "samples/s (theta settled)", "final held-out MLM loss"], rows))
         parts.append("PLD against the baseline (targets: >= 1.24x samples/s; the baseline's final held-out loss in "
@@ -566,13 +598,22 @@ def report(plan: Plan, study: Study, jobs_: list[Job], page: Path | None) -> str
     ftp = [r for r in probes if "metrics" in r]
     if ftp:
         shown = ("accuracy", "f1", "matthews_correlation", "pearson")
-        frows = [[r["task"], r.get("start", "random") + (f" s{r['seed']}" if r.get("start", "random") != "random" else ""),
+        def start(r):
+            fs = r.get("ft_seed", r.get("seed", 0))
+            if r.get("start", "random") == "random":
+                return f"random (seed {fs}, {r['n_positions']} positions)"
+            pre = r["pretrain"]
+            return (f"{r['start']} s{r['seed']} ({pre['seq']} x {pre['batch']}, {pre['steps']})"
+                    + (f", fine-tuning seed {fs}" if fs != r["seed"] else ""))
+
+        frows = [[r["task"], start(r),
                   r["ft"]["lr"], r["rows"], r["steps"],
                   ", ".join(f"{k} {v:.3f}" for k, v in r["metrics"].items() if k in shown),
                   "yes" if r["learnt"] else "no", f"{r['cpu_s']:.0f}"] for r in ftp]
-        parts.append("**Fine-tuning probes** (`--probe-task TASK --probe-ft LR,ROWS,EPOCHS [--probe-start baseline "
-                     "--probe-seed S]`: a random initialisation or the baseline's pretrained weights, otherwise the "
-                     "study's fine-tuning settings):\n\n" +
+        parts.append("**Fine-tuning probes** (`--probe-task TASK [--probe-start baseline|pld --probe-seed S] "
+                     "[--probe-ft-seed K] [--probe-ft LR,ROWS,EPOCHS] [--probe-pretrain SEQ,BATCH,STEPS]`: a random "
+                     "initialisation, the study's pretrained weights or a baseline pretrained alone at another "
+                     "shape, otherwise the study's fine-tuning settings):\n\n" +
                      markdown_table(["task", "start", "lr", "training rows", "steps", "dev", "learnt", "CPU s"], frows))
     diag = study.root / "diagnosis.json"
     if diag.is_file():
@@ -698,9 +739,13 @@ def main() -> None:
     parser.add_argument("--probe", choices=sorted(PROBES), help="train the baseline alone with these settings")
     parser.add_argument("--probe-steps", type=int, default=300, help="the probe's steps")
     parser.add_argument("--probe-task", choices=sorted(TASKS), help="fine-tune one start on this task alone")
-    parser.add_argument("--probe-start", choices=["random", "baseline"], default="random",
-                        help="the probe's start: a random init, or the baseline's pretrained weights")
+    parser.add_argument("--probe-start", choices=["random", "baseline", "pld"], default="random",
+                        help="the probe's start: a random init, or the baseline's (or the study's PLD) weights")
+    parser.add_argument("--probe-ft-seed", type=int, default=None, help="the fine-tuning's seed (default: "
+                                                                          "--probe-seed)")
     parser.add_argument("--probe-seed", type=int, default=0, help="the probe's seed (pretraining and fine-tuning)")
+    parser.add_argument("--probe-pretrain", default="", help="the baseline start's seq,batch,steps, pretrained "
+                                                                 "alone (default: the study's weights)")
     parser.add_argument("--probe-ft", default="", help="the fine-tuning probe's lr,rows,epochs (default: the "
                                                            "plan's)")
     args = parser.parse_args()
@@ -717,7 +762,10 @@ def main() -> None:
         if args.probe_ft:
             lr, rows, epochs = args.probe_ft.split(",")
             plan = replace(plan, ft_lr=float(lr), ft_rows=int(rows), ft_epochs=int(epochs))
-        probe_task(plan, args.probe_task, study, args.probe_start, args.probe_seed)
+        if args.probe_pretrain:
+            seq, batch, steps = (int(x) for x in args.probe_pretrain.split(","))
+            plan = replace(plan, seq=seq, batch=batch, steps=steps)
+        probe_task(plan, args.probe_task, study, args.probe_start, args.probe_seed, args.probe_ft_seed)
         return
     if args.profile:
         profile_step(plan, study.root, repeats=1 if args.quick else 6)
