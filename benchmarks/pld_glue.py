@@ -9,6 +9,7 @@ tasks built from real text, with and without PLD and from a random initialisatio
     python benchmarks/pld_glue.py --probe-task mrpc                # one fine-tune from random init
     python benchmarks/pld_glue.py --probe-task mrpc --probe-start baseline --probe-seed 1 --probe-ft 3e-4,1000,3
     python benchmarks/pld_glue.py --probe-task mrpc --probe-start baseline --probe-seed 1 --probe-pretrain 64,32,300
+    python benchmarks/pld_glue.py --probe-task stsb --probe-start pld --probe-seed 0 --probe-ft-seed 2
     python benchmarks/pld_glue.py --quick --out /tmp/pq   # a tiny model, a few steps (the test)
 
 One process, one thread. Text: benchmarks/study_text.py (English docs, vim help, Python stdlib,
@@ -487,15 +488,21 @@ def baseline_weights(plan: Plan, seed: int) -> dict:
 def probe_task(plan: Plan, task: str, study: Study, start: str = "random", seed: int = 0,
                ft_seed: int | None = None) -> dict:
     """One fine-tuning job with the plan's settings from a random initialisation (can a start
-    with nothing pretrained learn the task at this size?) or from the baseline's pretrained
-    weights (does the fine-tuning LR decide what a pretrained start learns?). Written to
-    <out>/probes/ft-<task>-....json."""
+    with nothing pretrained learn the task at this size?), from the baseline's pretrained
+    weights (does the fine-tuning LR, or the pretraining's shape, decide what a pretrained start
+    learns?) or from the study's PLD weights; `ft_seed` sets the rows' order and the head's (for
+    a random start, every weight's) draws, so its spread can be measured apart from the start's.
+    Written to <out>/probes/ft-<task>-....json."""
     data = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line, plan.max_files)[task]
     if start == "pld":  # the study's own PLD weights: a PLD arm is not pretrained alone
-        init = torch.load(weights_path(plan, seed, "pld"))
+        path = weights_path(plan, seed, "pld")
+        if not path.is_file():
+            raise SystemExit(f"{path}: no PLD weights of this shape; the study's pretraining writes them "
+                             f"(python benchmarks/pld_glue.py --only 'pretrain-s{seed}$'), without --probe-pretrain")
+        init = torch.load(path)
     else:
         init = None if start == "random" else baseline_weights(plan, seed)
-    ft_seed = seed if ft_seed is None else ft_seed  # the fine-tuning's: its rows' order, the head's (or a random start's) draws
+    ft_seed = seed if ft_seed is None else ft_seed
     res = finetune(plan, task, init, data, ft_seed, FT(plan.ft_lr, plan.ft_epochs, plan.ft_batch))
     res.update({"task": task, "start": start, "seed": seed, "ft_seed": ft_seed,
                 "n_positions": bert_config(plan).n_positions, "machine": machine()})
