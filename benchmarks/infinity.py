@@ -41,8 +41,8 @@ most of the machine), a torchrun of 2 processes unless said:
              3 + NVMe for 3 steps: the trainer's ranks' peak RSS
 
 Target: peak RSS per rank at most 3 GiB in `nvme`, `resume` and `trainer`; in `resume-dp` at
-most `nvme`'s, or its own size's from scratch where that is larger. `--record FILE` writes every job's figures (per-rank peaks by phase, losses, times)
-as one JSON (docs/results/infinity/).
+most `nvme`'s, or its own size's from scratch where that is larger. `--record FILE` writes every
+job's figures (per-rank peaks by phase, losses, times) as one JSON (docs/results/infinity/).
 """
 
 from __future__ import annotations
@@ -239,6 +239,12 @@ def _floor(args, work: Path, nproc: int, train: dict) -> dict | None:
     return r
 
 
+def _ceiling(train: dict, floor: dict | None) -> int:
+    """The peak a resume may reach: the training job's, or the largest rank's of its own size
+    trained from scratch where that is larger (a rank of a smaller job holds a larger share)."""
+    return max(train["hwm_kib"], floor["hwm_kib"]) if floor else train["hwm_kib"]
+
+
 def _floors_beside(args, work: Path, sizes: list[int]) -> bool:
     """Train each size from scratch beside a recorded run: a rank of a smaller job holds a larger
     share of the model's states, so its resume is judged against the peak of a job of its own
@@ -252,7 +258,7 @@ def _floors_beside(args, work: Path, sizes: list[int]) -> bool:
             if not (floor and resumed):
                 ok = False
                 continue
-            under = resumed["hwm_kib"] <= max(jobs["nvme"]["hwm_kib"], floor["hwm_kib"])
+            under = resumed["hwm_kib"] <= _ceiling(jobs["nvme"], floor)
             print(f"resume-dp{nproc}: largest rank's peak {_gib(resumed['hwm_kib'])} GiB; training peaks: "
                   f"{_gib(jobs['nvme']['hwm_kib'])} GiB ({jobs['nvme']['world']} ranks), {_gib(floor['hwm_kib'])} "
                   f"GiB ({nproc} rank(s), from scratch): {'at most' if under else 'ABOVE'} its size's", flush=True)
@@ -275,9 +281,7 @@ def _resume_dp(args, work: Path, ckpt: Path, nproc: int, train: dict, floor: dic
     diffs = [abs(a - b) / abs(b) for a, b in zip(r["losses"], train["losses"][1:])]
     # the target: 1e-5, or no further from the 2-rank run than `nproc` ranks that never stopped
     target = max([1e-5] + (floor["relative_loss_difference"][1:] if floor else []))
-    # a smaller job's rank holds a larger share: judged against its own size trained from scratch too
-    ceiling = max(train["hwm_kib"], floor["hwm_kib"]) if floor else train["hwm_kib"]
-    under = r["hwm_kib"] <= ceiling
+    under = r["hwm_kib"] <= _ceiling(train, floor)
     r["relative_loss_difference"] = diffs
     print(_line(name, r), flush=True)
     print(f"{name}: relative difference from the uninterrupted {train['world']}-rank losses, step by step: "

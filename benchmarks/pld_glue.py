@@ -493,12 +493,12 @@ def probe_task(plan: Plan, task: str, study: Study, start: str = "random", seed:
     learns?) or from the study's PLD weights; `ft_seed` sets the rows' order and the head's (for
     a random start, every weight's) draws, so its spread can be measured apart from the start's.
     Written to <out>/probes/ft-<task>-....json."""
+    path = weights_path(plan, seed, "pld")
+    if start == "pld" and not path.is_file():  # a PLD arm is not pretrained alone: the study's own weights
+        raise SystemExit(f"{path}: no PLD weights of this shape; the study's pretraining writes them "
+                         f"(python benchmarks/pld_glue.py --only 'pretrain-s{seed}$'), without --probe-pretrain")
     data = make_tasks(plan.ft_rows, plan.ft_dev, plan.ft_line, plan.max_files)[task]
-    if start == "pld":  # the study's own PLD weights: a PLD arm is not pretrained alone
-        path = weights_path(plan, seed, "pld")
-        if not path.is_file():
-            raise SystemExit(f"{path}: no PLD weights of this shape; the study's pretraining writes them "
-                             f"(python benchmarks/pld_glue.py --only 'pretrain-s{seed}$'), without --probe-pretrain")
+    if start == "pld":
         init = torch.load(path)
     else:
         init = None if start == "random" else baseline_weights(plan, seed)

@@ -85,12 +85,27 @@ def test_pld_glue_quick_runs_and_reports(tmp_path):
     pld = json.loads((out / "runs" / "pretrain-pld-s0.json").read_text())
     assert pld["ds_config"]["optimizer"]["params"]["bias_correction"] is True
     assert pld["ds_config"]["progressive_layer_drop"]["theta"] == 0.5 and pld["steps"][-1][2] < 1.0
+    # PLD's LR schedule is its own, planned for 1.35x the baseline's steps, and ends the arm there at the latest
+    base = json.loads((out / "runs" / "pretrain-baseline-s0.json").read_text())
+    assert (base["planned_steps"], pld["planned_steps"]) == (6, 8) and len(pld["steps"]) <= 8
     ft = json.loads((out / "runs" / "ft-pld-mrpc-s0.json").read_text())
     assert {"accuracy", "f1", "majority"} <= set(ft["metrics"])
     for folder, first in (("CoLA", "py\t"), ("MRPC", "\ufeffQuality"), ("STS-B", "index\t")):
         assert (out / "glue" / folder / "train.tsv").read_text(encoding="utf-8").startswith(first)
     assert "Pretraining" in proc.stdout and "Fine-tuning" in proc.stdout
     assert (out / "pretraining.png").is_file()
+
+
+def test_pld_glue_probe_of_unpretrained_pld_shape_is_one_line(tmp_path):
+    from e2e_helpers import env
+
+    out = tmp_path / "pld"
+    proc = subprocess.run([sys.executable, str(BENCH / "pld_glue.py"), "--quick", "--out", str(out), "--probe-task",
+                           "mrpc", "--probe-start", "pld", "--probe-pretrain", "32,4,3"],
+                          env=env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "pretrain-pld-s0-seq32x4-3steps.pt: no PLD weights of this shape" in proc.stderr
+    assert not (out / "probes").exists()  # nothing written
 
 
 def test_data_efficiency_quick_runs_reports_and_resumes(tmp_path):
